@@ -1,0 +1,26 @@
+"""lamina: a small, readable LLM inference engine.
+
+    from lamina import LLM, SamplingParams
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from lamina.outputs import CompletionOutput, RequestOutput
+from lamina.sampling_params import SamplingParams
+
+_ASSETS = Path(__file__).resolve().parent / "assets"
+DEMO_MODEL = str(_ASSETS / "demo-model")
+DEMO_DRAFT = str(_ASSETS / "demo-draft")
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "DEMO_MODEL", "DEMO_DRAFT"]
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # LLM pulls in torch and the model code: import it on first use only.
+    if name == "LLM":
+        from lamina.llm import LLM
+
+        return LLM
+    raise AttributeError(f"module 'lamina' has no attribute {name!r}")

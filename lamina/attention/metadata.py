@@ -1,0 +1,56 @@
+"""Attention metadata for one flat batch, and the context that hands it to the attention layers.
+
+A batch is B requests laid end to end (no padding):
+
+    tokens:           | r0: q0 tokens | r1: q1 tokens | ... |
+    query_start_loc:  0              q0            q0+q1  ...  T      (B + 1 entries)
+    seq_lens[i]:      context length of request i after this step (cached prefix + new tokens);
+                      its new tokens sit at positions [seq_lens[i] - q_i, seq_lens[i])
+    slot_mapping[t]:  block_id * block_size + offset where token t's K/V is stored; -1 = don't store
+    block_tables[i]:  the block ids of request i, padded with 0 (the null block)
+
+One forward serves prefill, decode and mixed batches: a decode is simply q_i == 1.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] int64
+    query_start_loc: torch.Tensor  # [B + 1] int32
+    seq_lens: torch.Tensor  # [B] int32
+    block_tables: torch.Tensor  # [B, max_blocks_per_seq] int32
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc_cpu: list[int]  # host copies, for per-sequence loops in the reference path
+    seq_lens_cpu: list[int]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_cpu)
+
+
+_current: AttentionMetadata | None = None
+
+
+@contextlib.contextmanager
+def set_attention_metadata(metadata: AttentionMetadata | None) -> Iterator[None]:
+    """Make `metadata` visible to every attention layer for the duration of one forward."""
+    global _current
+    previous, _current = _current, metadata
+    try:
+        yield
+    finally:
+        _current = previous
+
+
+def get_attention_metadata() -> AttentionMetadata:
+    if _current is None:
+        raise RuntimeError("attention called outside set_attention_metadata(...)")
+    return _current

@@ -1,0 +1,104 @@
+"""Pure-PyTorch paged attention: the CPU path and the oracle for the Triton kernels.
+
+Cache layout, per layer:  k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+A token's slot is block_id * block_size + offset; the flat view [num_blocks * block_size, ...]
+is indexed by slot directly.
+
+Sequence i of the batch owns the query rows [query_start_loc[i], query_start_loc[i + 1]) and has
+seq_lens[i] tokens in the cache after the store (cached prefix + its new tokens), so
+
+    query row j of sequence i sits at absolute position  seq_lens[i] - q_len_i + j
+    and attends to cache positions                        0 .. seq_lens[i] - q_len_i + j
+
+which is what makes chunked prefill, prefix-cache hits and multi-token verification work.
+Scores and softmax run in float32; the output is cast back to the query dtype.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from lamina.attention.metadata import AttentionMetadata
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Write k, v [T, num_kv_heads, head_dim] into the caches at `slot_mapping` [T]; slot -1 is skipped."""
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    k_cache.view(-1, num_kv_heads, head_dim)[slots] = k[keep].to(k_cache.dtype)
+    v_cache.view(-1, num_kv_heads, head_dim)[slots] = v[keep].to(v_cache.dtype)
+
+
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """The first `num_tokens` entries of one sequence: [num_tokens, num_kv_heads, head_dim]."""
+    block_size = cache.shape[1]
+    num_blocks = -(-num_tokens // block_size)
+    blocks = cache[block_table[:num_blocks].long()]  # [n, block_size, kv_heads, head_dim]
+    return blocks.flatten(0, 1)[:num_tokens]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+            scale: float) -> torch.Tensor:
+    """q [B, H, Q, D], k/v [B, KV, S, D], mask [B, 1, Q, S] (True = attend) -> [B, H, Q, D] float32."""
+    group = q.shape[1] // k.shape[1]
+    # Query head h reads KV head h // group, as HF's repeat_kv does.
+    k = k.float().repeat_interleave(group, dim=1)
+    v = v.float().repeat_interleave(group, dim=1)
+    return F.scaled_dot_product_attention(q.float(), k, v, attn_mask=mask, scale=scale)
+
+
+def _prefill_one(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 block_table: torch.Tensor, seq_len: int, scale: float) -> torch.Tensor:
+    """One sequence with q [q_len, H, D] new tokens at the end of its seq_len context."""
+    q_len = q.shape[0]
+    k = gather_kv(k_cache, block_table, seq_len)
+    v = gather_kv(v_cache, block_table, seq_len)
+    query_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
+    key_pos = torch.arange(seq_len, device=q.device)
+    mask = key_pos[None, :] <= query_pos[:, None]  # [q_len, seq_len]
+    out = _attend(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                  mask[None, None], scale)
+    return out[0].transpose(0, 1)  # [q_len, H, D]
+
+
+def _decode_batch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """B sequences with one query token each (q [B, H, D]), batched over a padded gather."""
+    block_size = k_cache.shape[1]
+    max_len = int(seq_lens.max())
+    num_blocks = -(-max_len // block_size)
+    table = block_tables[:, :num_blocks].long()
+    k = k_cache[table].flatten(1, 2)[:, :max_len]  # [B, S, KV, D]
+    v = v_cache[table].flatten(1, 2)[:, :max_len]
+    key_pos = torch.arange(max_len, device=q.device)
+    mask = key_pos[None, :] < seq_lens[:, None].to(q.device)  # [B, S]
+    out = _attend(q[:, :, None], k.transpose(1, 2), v.transpose(1, 2), mask[:, None, None], scale)
+    return out[:, :, 0]  # [B, H, D]
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    metadata: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Causal attention of q [T, num_heads, head_dim] over the paged cache -> [T, num_heads, head_dim]."""
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    starts, seq_lens = metadata.query_start_loc_cpu, metadata.seq_lens_cpu
+    decode = [i for i in range(metadata.num_seqs) if starts[i + 1] - starts[i] == 1]
+    if decode:
+        rows = torch.tensor([starts[i] for i in decode], device=q.device)
+        index = torch.tensor(decode, device=metadata.block_tables.device)
+        out[rows] = _decode_batch(q[rows], k_cache, v_cache, metadata.block_tables[index],
+                                  metadata.seq_lens[index], scale)
+    for i in range(metadata.num_seqs):
+        start, end = starts[i], starts[i + 1]
+        if end - start > 1:
+            out[start:end] = _prefill_one(q[start:end], k_cache, v_cache, metadata.block_tables[i],
+                                          seq_lens[i], scale)
+    return out.to(q.dtype)
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+            v_cache: torch.Tensor, metadata: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Store this step's k, v, then attend: the whole backend contract in one call."""
+    store_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
+    return paged_attention(q, k_cache, v_cache, metadata, scale)

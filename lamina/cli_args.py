@@ -1,0 +1,76 @@
+"""Build argparse flags from the config and SamplingParams dataclass fields (one source of truth)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from lamina.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from lamina.sampling_params import SamplingParams
+
+_ENGINE_CONFIGS = (ModelConfig, CacheConfig, SchedulerConfig, EngineConfig)
+_NESTED = {"model_config", "cache_config", "scheduler_config"}
+_SKIPPED = {"model", "stop_list", "n"}
+
+
+# SamplingParams fields whose flag would clash with an engine flag.
+_SAMPLING_RENAMES = {"seed": "sampling_seed"}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _scalar_type(hint: str) -> type | None:
+    for name, typ in (("bool", bool), ("int", int), ("float", float), ("str", str)):
+        if hint.startswith(name):
+            return typ
+    return None
+
+
+def _add_field(group: argparse._ArgumentGroup, field: dataclasses.Field, default: object,
+               name: str | None = None) -> None:
+    hint, flag = str(field.type), _flag(name or field.name)
+    if hint.startswith("bool"):
+        group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+        return
+    if "list[" in hint:
+        group.add_argument(flag, nargs="+", type=str if "str" in hint else int, default=None)
+        return
+    group.add_argument(flag, type=_scalar_type(hint) or str, default=default, help=f"default: {default}")
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine")
+    for cls in _ENGINE_CONFIGS:
+        for field in dataclasses.fields(cls):
+            if field.name in _SKIPPED or field.name in _NESTED:
+                continue
+            default = field.default if field.default is not dataclasses.MISSING else None
+            _add_field(group, field, default)
+
+
+def add_sampling_args(parser: argparse.ArgumentParser, defaults: dict | None = None) -> None:
+    group = parser.add_argument_group("sampling")
+    defaults = defaults or {}
+    for field in dataclasses.fields(SamplingParams):
+        if not field.init or field.name in _SKIPPED:
+            continue
+        default = defaults.get(field.name, field.default)
+        if field.name == "stop":
+            group.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
+            continue
+        _add_field(group, field, default, _SAMPLING_RENAMES.get(field.name))
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    names = [f.name for cls in _ENGINE_CONFIGS for f in dataclasses.fields(cls)
+             if f.name not in _SKIPPED and f.name not in _NESTED]
+    return {name: getattr(args, name) for name in names}
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    names = [f.name for f in dataclasses.fields(SamplingParams) if f.init and f.name not in _SKIPPED]
+    return SamplingParams(**{name: getattr(args, _SAMPLING_RENAMES.get(name, name)) for name in names})
+
+
+__all__ = ["add_engine_args", "add_sampling_args", "engine_kwargs", "sampling_params"]

@@ -1,0 +1,94 @@
+"""Engine configuration: small frozen dataclasses, validated on construction.
+
+Fields use vLLM's names so a reader who knows one engine can map them 1:1. The CLI builds its
+flags from these fields; nothing in core code reads environment variables.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+ATTENTION_BACKENDS = ("auto", "torch")
+
+
+def _require(ok: bool, field_name: str, message: str) -> None:
+    if not ok:
+        raise ValueError(f"{field_name}: {message}")
+
+
+def _positive_or_none(value: int | None, name: str) -> None:
+    _require(value is None or (isinstance(value, int) and value > 0), name,
+             f"must be a positive integer or None, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What to load: a local HF model directory and how to run it."""
+
+    model: str
+    dtype: str = "auto"  # "auto": the checkpoint's dtype on GPU, float32 on CPU
+    max_model_len: int | None = None  # None: min(max_position_embeddings, KV capacity)
+    seed: int = 0
+    skip_tokenizer_init: bool = False
+    tokenizer: str | None = None  # None: the model directory
+    max_logprobs: int = 20  # the most top-N logprobs a request may ask for
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.model, str) and bool(self.model), "model",
+                 "must be a path to a local model directory")
+        _require(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
+        _positive_or_none(self.max_model_len, "max_model_len")
+        _require(isinstance(self.seed, int), "seed", f"must be an integer, got {self.seed!r}")
+        _require(isinstance(self.max_logprobs, int) and self.max_logprobs >= 0, "max_logprobs",
+                 f"must be an integer >= 0, got {self.max_logprobs!r}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The paged KV cache: block size, how many blocks, prefix caching."""
+
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # wins over kv_cache_memory_bytes when both are set
+    kv_cache_memory_bytes: int | None = None  # None on CPU: DEFAULT_CPU_KV_BYTES
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.block_size, int) and self.block_size in (1, 2, 4, 8, 16, 32, 64, 128),
+                 "block_size", f"must be a power of two in [1, 128], got {self.block_size!r}")
+        _positive_or_none(self.num_kv_blocks, "num_kv_blocks")
+        if self.num_kv_blocks is not None:
+            _require(self.num_kv_blocks >= 2, "num_kv_blocks",
+                     f"must be >= 2 (block 0 is the reserved null block), got {self.num_kv_blocks}")
+        _positive_or_none(self.kv_cache_memory_bytes, "kv_cache_memory_bytes")
+
+
+DEFAULT_CPU_KV_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """One token budget per step, and a cap on concurrently running requests."""
+
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 128
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_batched_tokens", "max_num_seqs"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value > 0, name,
+                     f"must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_config: ModelConfig
+    cache_config: CacheConfig = field(default_factory=CacheConfig)
+    scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    device: str = "auto"  # "auto": cuda when available, else cpu
+    attention_backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        _require(self.device in DEVICES, "device", f"must be one of {DEVICES}, got {self.device!r}")
+        _require(self.attention_backend in ATTENTION_BACKENDS, "attention_backend",
+                 f"must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")

@@ -1,0 +1,166 @@
+"""The training loop: a student learns from a teacher's next-token distributions (or from data alone).
+
+One step::
+
+    x, y = random windows of train.bin                       [B, L] each
+    t    = teacher(x).logits           (no grad; skipped when kl_weight == 0)
+    s    = student(x).logits
+    loss = kl_weight * T^2 * KL(t/T || s/T) + ce_weight * CE(s, y)
+    AdamW step, gradient clipping, linear warm-up then cosine decay to min_lr_ratio * lr
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from .config import TrainConfig
+from .data import WindowSampler
+from .losses import distill_loss
+
+
+@dataclass
+class TrainResult:
+    """What a run did: steps, tokens, wall time and the loss curve ``(step, total, kl, ce)``."""
+
+    steps: int
+    tokens: int
+    seconds: float
+    curve: list[tuple[int, float, float, float]] = field(default_factory=list)
+    compiled: bool = False
+
+    @property
+    def final_loss(self) -> float:
+        return self.curve[-1][1] if self.curve else float("nan")
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' is CUDA when available, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device: {name!r} requested but CUDA is not available")
+    return torch.device(name)
+
+
+def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
+    """Linear warm-up over ``warmup_steps``, then cosine from ``lr`` to ``min_lr_ratio * lr`` at ``total``."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class _StudentLoss(torch.nn.Module):
+    """Student forward + loss in one module, so `torch.compile` can fuse the logits' softmax work."""
+
+    def __init__(self, student: torch.nn.Module, cfg: TrainConfig):
+        super().__init__()
+        self.student = student
+        self.cfg = cfg
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, teacher_logits: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        logits = self.student(input_ids=x, use_cache=False).logits
+        c = self.cfg
+        return distill_loss(logits, teacher_logits, y, c.kl_weight, c.ce_weight, c.temperature)
+
+
+def _teacher_logits(teacher: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return teacher(input_ids=x, use_cache=False).logits
+
+
+def _optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW; no weight decay on norms and biases (1-D parameters)."""
+    params = list({id(p): p for p in model.parameters() if p.requires_grad}.values())
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=device.type == "cuda")
+
+
+class Trainer:
+    """Runs :class:`TrainConfig` on a student (fp32 master weights; bf16 autocast on CUDA)."""
+
+    def __init__(self, student: torch.nn.Module, teacher: torch.nn.Module | None, train_tokens,
+                 cfg: TrainConfig):
+        if cfg.uses_teacher and teacher is None:
+            raise ValueError("kl_weight > 0 needs a teacher")
+        self.cfg = cfg
+        self.device = resolve_device(cfg.device)
+        self.student = student.to(self.device).train()
+        self.teacher = teacher if cfg.uses_teacher else None
+        self.sampler = WindowSampler(train_tokens, cfg.seq_len, cfg.batch_size, self.device, cfg.seed)
+        self.optimizer = _optimizer(self.student, cfg, self.device)
+        self.loss_fn: torch.nn.Module = _StudentLoss(self.student, cfg)
+        self.teacher_fn = _teacher_logits
+        self.compiled = False
+        if cfg.compile:
+            self.loss_fn = torch.compile(self.loss_fn)
+            self.teacher_fn = torch.compile(_teacher_logits)
+            self.compiled = True
+
+    def _autocast(self) -> torch.autocast:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda")
+
+    def step(self, step: int, total: int) -> torch.Tensor:
+        """One optimizer step; returns the detached ``[total, kl, ce]`` losses (no host sync)."""
+        x, y = self.sampler.next_batch()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(step, total, self.cfg)
+        with self._autocast():
+            t_logits = self.teacher_fn(self.teacher, x) if self.teacher is not None else None
+            loss, kl, ce = self.loss_fn(x, y, t_logits)
+        loss.backward()
+        if self.cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.student.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return torch.stack([loss.detach(), kl.detach(), ce.detach()])
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def run(self, progress: bool = True) -> TrainResult:
+        """Train for ``cfg.steps`` (or as many as fit ``cfg.time_budget_s``) and return the curve."""
+        cfg = self.cfg
+        total = cfg.steps
+        curve: list[tuple[int, float, float, float]] = []
+        start = time.perf_counter()
+        probe_start = None
+        planned = None if cfg.time_budget_s is not None else total  # unknown until the probe steps ran
+        bar = tqdm(total=planned, disable=not progress, unit="step", dynamic_ncols=True)
+        step = 0
+        while step < total:
+            losses = self.step(step, total)
+            step += 1
+            bar.update(1)
+            if cfg.time_budget_s is not None and step == 2:
+                self._sync()
+                probe_start = time.perf_counter()  # after compilation and the first steps
+            if cfg.time_budget_s is not None and step == cfg.probe_steps + 2:
+                total = self._planned_steps(step, start, probe_start, total)
+                bar.total = total
+                bar.refresh()
+            if step % cfg.log_every == 0 or step == total:
+                values = losses.tolist()
+                curve.append((step, *values))
+                bar.set_postfix(loss=f"{values[0]:.4f}", kl=f"{values[1]:.4f}", ce=f"{values[2]:.4f}")
+        self._sync()
+        bar.close()
+        seconds = time.perf_counter() - start
+        return TrainResult(step, step * cfg.batch_size * cfg.seq_len, seconds, curve, self.compiled)
+
+    def _planned_steps(self, step: int, start: float, probe_start: float | None, upper: int) -> int:
+        """Steps that fit the time budget at the speed measured since ``probe_start``."""
+        self._sync()
+        now = time.perf_counter()
+        per_step = (now - (probe_start or start)) / max(1, step - 2)
+        remaining = self.cfg.time_budget_s - (now - start)
+        return max(step, min(upper, step + int(remaining / per_step)))

@@ -1,0 +1,95 @@
+"""LLMEngine: requests in, one step at a time, RequestOutputs out.
+
+    add_request -> InputProcessor -> Scheduler.schedule -> Worker.execute
+                -> Scheduler.update_from_output -> OutputProcessor (detokenize, stop strings)
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+
+from lamina.config import EngineConfig
+from lamina.engine.input_processor import InputLimits, InputProcessor, PromptType
+from lamina.engine.output_processor import OutputProcessor
+from lamina.engine.request import Request, RequestStatus
+from lamina.engine.scheduler import Scheduler
+from lamina.engine.stats import SchedulerStats
+from lamina.kv.kv_manager import KVCacheManager
+from lamina.loader.hf_config import load_generation_config, load_model_arch
+from lamina.loader.tokenizer import Tokenizer
+from lamina.outputs import RequestOutput
+from lamina.sampling_params import SamplingParams
+from lamina.worker.worker import Worker
+
+logger = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        model_config = config.model_config
+        self.arch = load_model_arch(model_config.model)
+        self.tokenizer = None
+        if not model_config.skip_tokenizer_init:
+            self.tokenizer = Tokenizer.from_pretrained(model_config.tokenizer or model_config.model)
+        self.worker = Worker(config, self.arch)
+        self.max_model_len = self.worker.max_model_len
+        cache = config.cache_config
+        self.kv_manager = KVCacheManager(self.worker.num_blocks, cache.block_size, cache.enable_prefix_caching)
+        self.scheduler = Scheduler(config.scheduler_config, self.kv_manager, self.max_model_len)
+        limits = InputLimits(self.arch.vocab_size, self.max_model_len, model_config.max_logprobs)
+        self.input_processor = InputProcessor(self.tokenizer, limits, self._eos_token_ids())
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self._ids = itertools.count()
+
+    def _eos_token_ids(self) -> frozenset[int]:
+        if self.tokenizer is not None:
+            return self.tokenizer.eos_token_ids
+        eos = load_generation_config(self.config.model_config.model).get("eos_token_id", self.arch.eos_token_id)
+        if eos is None:
+            return frozenset()
+        return frozenset(eos if isinstance(eos, list) else [eos])
+
+    def add_request(self, prompt: PromptType, params: SamplingParams | None = None,
+                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+        """Validate and queue one request (n samples); returns its id."""
+        params = params if params is not None else SamplingParams()
+        request_id = request_id if request_id is not None else str(next(self._ids))
+        if self.output_processor.sample_ids(request_id):
+            raise ValueError(f"request_id: {request_id!r} is already in use")
+        requests = self.input_processor.make_requests(request_id, prompt, params, arrival_time)
+        self.output_processor.add_group(request_id, requests)
+        for request in requests:
+            self.scheduler.add_request(request)
+        return request_id
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request and free its KV blocks; returns its last output (finish_reason "abort")."""
+        for sample_id in self.output_processor.sample_ids(request_id):
+            self.scheduler.finish_request(sample_id, RequestStatus.FINISHED_ABORTED)
+        return self.output_processor.abort(request_id)
+
+    def step(self) -> list[RequestOutput]:
+        scheduled = self.scheduler.schedule()
+        if scheduled.is_empty and self.scheduler.has_unfinished_requests() and not self.scheduler.running:
+            raise RuntimeError("scheduler made no progress: no waiting request could be admitted into an "
+                               "empty engine (this is a bug; please report it)")
+        runner_output = self.worker.execute(scheduled)
+        changed = self.scheduler.update_from_output(scheduled, runner_output)
+        return self.output_processor.process(changed, self._stop_string_found)
+
+    def _stop_string_found(self, request: Request, stop: str) -> None:
+        if request.is_finished:  # ended by length in the same step, but the stop string ended the text
+            request.status, request.stop_reason = RequestStatus.FINISHED_STOPPED, stop
+        else:
+            self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED, stop_reason=stop)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def get_stats(self) -> SchedulerStats:
+        return self.scheduler.make_stats()
+
+    def check_integrity(self) -> None:
+        """Assert the KV block accounting is exact (no leaked blocks)."""
+        self.kv_manager.check_integrity()

@@ -1,0 +1,220 @@
+"""The scheduler: one token budget per step over the two counters of every request.
+
+Each step, running requests come first (1 token for a decode, the rest of a prompt chunk, or
+1 + k with drafts), then waiting requests are admitted while budget, sequence slots and KV blocks
+last. When blocks run out the newest running request is preempted (recompute: its blocks are
+freed, committed ones stay in the prefix cache) and no new request is admitted that step.
+Pure Python: no tensors.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from lamina.config import SchedulerConfig
+from lamina.engine.interfaces import ModelRunnerOutput, SchedulerOutput
+from lamina.engine.request import Request, RequestStatus
+from lamina.engine.stats import SchedulerStats
+from lamina.kv.kv_manager import KVCacheManager
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv_manager: KVCacheManager, max_model_len: int) -> None:
+        self.config = config
+        self.kv = kv_manager
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._freed_ids: list[str] = []
+        self.stats = SchedulerStats()
+
+    # ---- requests in and out -------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish_request(self, request_id: str, status: RequestStatus,
+                       stop_reason: int | str | None = None) -> None:
+        """End a request from outside the step loop (abort, or a stop string found by the detokenizer)."""
+        request = self.requests.get(request_id)
+        if request is None or request.is_finished:
+            return
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        request.stop_reason = stop_reason
+        self._free(request, status)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # ---- one step ------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        batch: list[Request] = []
+        num_scheduled: dict[str, int] = {}
+        preempted = self._schedule_running(batch, num_scheduled, budget)
+        budget -= sum(num_scheduled.values())
+        if not preempted:
+            self._schedule_waiting(batch, num_scheduled, budget)
+        freed, self._freed_ids = self._freed_ids, []
+        return SchedulerOutput(requests=batch, num_scheduled_tokens=num_scheduled,
+                               preempted_req_ids=[r.request_id for r in preempted], finished_req_ids=freed)
+
+    def _schedule_running(self, batch: list[Request], num_scheduled: dict[str, int],
+                          budget: int) -> list[Request]:
+        preempted: list[Request] = []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens_with_spec - request.num_computed_tokens, budget)
+            if num_new <= 0:
+                i += 1
+                continue
+            while not self.kv.allocate_slots(request, num_new):
+                victim = self.running.pop()  # the newest running request
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is request:
+                    return preempted
+            batch.append(request)
+            num_scheduled[request.request_id] = num_new
+            budget -= num_new
+            i += 1
+        return preempted
+
+    def _schedule_waiting(self, batch: list[Request], num_scheduled: dict[str, int], budget: int) -> None:
+        for request in list(self.waiting):
+            if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+                return
+            if self._waits_for_parent(request):
+                continue
+            num_new = self._admit(request, budget)
+            if num_new == 0:
+                return  # out of KV blocks: keep FCFS order, try again next step
+            batch.append(request)
+            num_scheduled[request.request_id] = num_new
+            budget -= num_new
+
+    def _admit(self, request: Request, budget: int) -> int:
+        """Give a waiting request its cached prefix and blocks for its first chunk; 0 if no room."""
+        prefix = None
+        if not request.block_ids:
+            shared = self._share_parent_prompt(request)
+            if shared == 0:
+                prefix = self.kv.match_prefix(request)
+            num_computed = shared or prefix.num_tokens
+        else:
+            num_computed = request.num_computed_tokens
+        num_new = min(request.num_tokens - num_computed, budget)
+        if not self.kv.allocate_slots(request, num_new, prefix):
+            return 0
+        request.num_computed_tokens = num_computed
+        if request.metrics.first_scheduled_time is None:
+            request.metrics.first_scheduled_time = time.monotonic()
+            request.metrics.num_cached_tokens = num_computed
+        self.waiting.remove(request)
+        self.running.append(request)
+        request.status = RequestStatus.RUNNING
+        return num_new
+
+    def _waits_for_parent(self, request: Request) -> bool:
+        """Sample i > 0 of an n > 1 request starts once sample 0 has computed the prompt, to share it."""
+        parent = request.parent
+        if parent is None or parent.is_finished:
+            return False
+        return parent.num_computed_tokens < parent.num_prompt_tokens
+
+    def _share_parent_prompt(self, request: Request) -> int:
+        parent = request.parent
+        if parent is None or parent.is_finished or self.kv.enable_prefix_caching:
+            return 0  # with the prefix cache on, sample 0's committed prompt blocks are a cache hit
+        cap = min(parent.num_computed_tokens, request.num_tokens - 1)
+        return self.kv.fork(parent, request, cap)
+
+    def _preempt(self, request: Request) -> None:
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.spec_token_ids = []
+        request.metrics.num_preemptions += 1
+        self.stats.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    # ---- after the model ran -------------------------------------------------------------
+
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           runner_output: ModelRunnerOutput) -> list[Request]:
+        """Advance counters, append sampled tokens, stop-check, commit and free. Returns the
+        requests that received tokens or finished this step."""
+        now = time.monotonic()
+        changed: list[Request] = []
+        for request in scheduler_output.requests:
+            request.num_computed_tokens += scheduler_output.num_scheduled_tokens[request.request_id]
+            tokens = runner_output.sampled_token_ids.get(request.request_id)
+            if tokens:
+                self._append_tokens(request, tokens, runner_output, now)
+                changed.append(request)
+            self.kv.commit(request, min(request.num_computed_tokens, request.num_tokens))
+            if request.is_finished:
+                self.running.remove(request)
+                self._free(request, request.status)
+        self._record_step(scheduler_output)
+        return changed
+
+    def _append_tokens(self, request: Request, tokens: list[int], runner_output: ModelRunnerOutput,
+                       now: float) -> None:
+        logprobs = runner_output.logprobs.get(request.request_id)
+        for i, token in enumerate(tokens):
+            request.append_output_token_ids([token])
+            if request.logprobs is not None and logprobs is not None:
+                request.logprobs.append(logprobs[i])
+                request.cumulative_logprob += logprobs[i][token].logprob
+            status = self._check_stop(request, token)
+            if status is not None:
+                request.status = status
+                break
+        if request.metrics.first_token_time is None:
+            request.metrics.first_token_time = now
+        request.metrics.last_token_time = now
+
+    def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
+        params = request.sampling_params
+        if request.num_output_tokens >= params.min_tokens:
+            if token in request.eos_token_ids and not params.ignore_eos:
+                return RequestStatus.FINISHED_STOPPED
+            if token in params.stop_token_ids:
+                request.stop_reason = token
+                return RequestStatus.FINISHED_STOPPED
+        if request.num_output_tokens >= request.max_output_tokens or request.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _free(self, request: Request, status: RequestStatus) -> None:
+        request.status = status
+        request.metrics.finished_time = time.monotonic()
+        self.kv.free(request)
+        del self.requests[request.request_id]
+        self._freed_ids.append(request.request_id)
+
+    def _record_step(self, scheduler_output: SchedulerOutput) -> None:
+        stats = self.stats
+        stats.num_steps += 1
+        stats.last_step_tokens = scheduler_output.total_num_scheduled_tokens
+        stats.total_scheduled_tokens += stats.last_step_tokens
+
+    def make_stats(self) -> SchedulerStats:
+        """Refresh the snapshot's gauges from the queues and the KV cache."""
+        stats, kv = self.stats, self.kv
+        stats.num_running, stats.num_waiting = len(self.running), len(self.waiting)
+        stats.kv_blocks_free = kv.num_free_blocks + kv.num_evictable_blocks
+        stats.kv_blocks_used = kv.num_total_blocks - stats.kv_blocks_free
+        stats.kv_usage = kv.usage
+        stats.prefix_cache_queries, stats.prefix_cache_hits = kv.stats.queries, kv.stats.hits
+        return stats

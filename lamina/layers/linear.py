@@ -1,0 +1,213 @@
+"""Linear layers, tensor-parallel aware and quantization-method aware.
+
+Every linear layer owns a `QuantMethod` that creates its parameters, post-processes them once
+all weights are loaded, and applies the layer. Every parameter carries a `weight_loader`
+attribute: `param.weight_loader(param, loaded_weight[, shard_id])` copies this rank's part of a
+checkpoint tensor into it, so tensor parallelism and quantized methods slot in without touching
+the models.
+
+Fused layouts (output rows of the fused weight, one rank):
+
+    QKVParallelLinear:          | q: num_heads*head_dim | k: num_kv_heads*head_dim | v: ... |
+    MergedColumnParallelLinear: | shard 0 (gate) | shard 1 (up) |
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def tensor_parallel_rank_and_size() -> tuple[int, int]:
+    """(rank, world size) of the tensor-parallel group; one process until lamina.distributed lands."""
+    return 0, 1
+
+
+def set_weight_attrs(param: nn.Parameter, attrs: dict[str, Any]) -> None:
+    for key, value in attrs.items():
+        setattr(param, key, value)
+
+
+def copy_checked(param: torch.Tensor, loaded: torch.Tensor, what: str) -> None:
+    """Copy `loaded` into `param` (casting dtype), refusing a shape mismatch with a clear message."""
+    if param.shape != loaded.shape:
+        raise ValueError(f"{what}: checkpoint tensor has shape {tuple(loaded.shape)}, "
+                         f"the model expects {tuple(param.shape)}")
+    with torch.no_grad():
+        param.copy_(loaded)
+
+
+class QuantMethod(ABC):
+    """How a linear layer stores its weight and computes `x @ W^T (+ b)`."""
+
+    @abstractmethod
+    def create_weights(self, layer: LinearBase, input_size: int, output_sizes: list[int],
+                       params_dtype: torch.dtype) -> None:
+        """Register this rank's parameters on `layer` (sizes are per rank)."""
+
+    def process_after_loading(self, layer: LinearBase) -> None:
+        """Repack / transform weights once every checkpoint tensor has been copied in."""
+
+    @abstractmethod
+    def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """Compute the layer's output for `x` [..., input_size]."""
+
+
+class UnquantizedLinearMethod(QuantMethod):
+    """A plain dense weight [output_size, input_size] in the model dtype."""
+
+    def create_weights(self, layer: LinearBase, input_size: int, output_sizes: list[int],
+                       params_dtype: torch.dtype) -> None:
+        weight = nn.Parameter(torch.empty(sum(output_sizes), input_size, dtype=params_dtype),
+                              requires_grad=False)
+        set_weight_attrs(weight, {"input_dim": 1, "output_dim": 0, "weight_loader": layer.weight_loader})
+        layer.register_parameter("weight", weight)
+
+    def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, layer.weight, bias)
+
+
+class LinearBase(nn.Module):
+    """Shared plumbing: sizes per rank, the quant method, an optional bias of the output size."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool,
+                 quant_method: QuantMethod | None = None, params_dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.tp_rank, self.tp_size = tensor_parallel_rank_and_size()
+        self.input_size = input_size
+        self.output_sizes = output_sizes
+        self.output_size = sum(output_sizes)
+        self.params_dtype = params_dtype or torch.get_default_dtype()
+        self.quant_method = quant_method or UnquantizedLinearMethod()
+        self.quant_method.create_weights(self, input_size, output_sizes, self.params_dtype)
+        if bias:
+            b = nn.Parameter(torch.empty(self.output_size, dtype=self.params_dtype), requires_grad=False)
+            set_weight_attrs(b, {"output_dim": 0, "weight_loader": self.weight_loader})
+            self.register_parameter("bias", b)
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.quant_method.apply(self, x, self.bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
+        raise NotImplementedError
+
+    def _shard_of(self, loaded: torch.Tensor, dim: int | None, size: int) -> torch.Tensor:
+        """This rank's slice of a full checkpoint tensor along `dim` (`size` rows per rank)."""
+        if dim is None or self.tp_size == 1:
+            return loaded
+        return loaded.narrow(dim, self.tp_rank * size, size)
+
+    def extra_repr(self) -> str:
+        return f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}"
+
+
+class ReplicatedLinear(LinearBase):
+    """The full weight on every rank."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False,
+                 quant_method: QuantMethod | None = None) -> None:
+        super().__init__(input_size, [output_size], bias, quant_method)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
+        copy_checked(param, loaded, "ReplicatedLinear")
+
+
+class ColumnParallelLinear(LinearBase):
+    """Output features split across ranks: y_r = x @ W_r^T, no communication."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False,
+                 quant_method: QuantMethod | None = None) -> None:
+        _, tp_size = tensor_parallel_rank_and_size()
+        for size in output_sizes:
+            if size % tp_size:
+                raise ValueError(f"output size {size} is not divisible by tensor_parallel_size {tp_size}")
+        super().__init__(input_size, [s // tp_size for s in output_sizes], bias, quant_method)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
+        dim = getattr(param, "output_dim", None)
+        copy_checked(param, self._shard_of(loaded, dim, param.shape[dim] if dim is not None else 0),
+                     type(self).__name__)
+
+    def _load_shard(self, param: nn.Parameter, loaded: torch.Tensor, offset: int, size: int,
+                    what: str) -> None:
+        """Copy this rank's part of one fused component into rows [offset, offset + size) of `param`."""
+        dim = getattr(param, "output_dim", None)
+        if dim is None:  # e.g. a per-tensor scale: the same for every component
+            copy_checked(param, loaded, what)
+            return
+        copy_checked(param.narrow(dim, offset, size), self._shard_of(loaded, dim, size), what)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel layers with the same input, fused (gate_up: shard ids 0 and 1)."""
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
+        if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.output_sizes):
+            raise ValueError(f"MergedColumnParallelLinear shard_id must be one of "
+                             f"{list(range(len(self.output_sizes)))}, got {shard_id!r}")
+        offset = sum(self.output_sizes[:shard_id])
+        self._load_shard(param, loaded, offset, self.output_sizes[shard_id],
+                         f"MergedColumnParallelLinear shard {shard_id}")
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q, k and v projections fused into one matmul; heads are split across ranks.
+
+    KV heads are replicated when there are more ranks than KV heads (each rank keeps one).
+    """
+
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
+                 bias: bool = False, quant_method: QuantMethod | None = None) -> None:
+        _, tp_size = tensor_parallel_rank_and_size()
+        if num_heads % tp_size:
+            raise ValueError(f"num_attention_heads {num_heads} is not divisible by "
+                             f"tensor_parallel_size {tp_size}")
+        self.head_dim = head_dim
+        self.num_heads = num_heads // tp_size
+        self.num_kv_heads = max(1, num_kv_heads // tp_size)
+        self.kv_replicas = max(1, tp_size // num_kv_heads)
+        per_rank_total = [self.num_heads * head_dim * tp_size,
+                          self.num_kv_heads * head_dim * tp_size, self.num_kv_heads * head_dim * tp_size]
+        super().__init__(hidden_size, per_rank_total, bias, quant_method)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        layout = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}
+        if shard_id not in layout:
+            raise ValueError(f"QKVParallelLinear shard_id must be one of {list(layout)}, got {shard_id!r}")
+        offset, size = layout[shard_id]
+        dim = getattr(param, "output_dim", None)
+        if shard_id != "q" and dim is not None and self.kv_replicas > 1:
+            # Several ranks share one KV head: rank r keeps head r // replicas.
+            loaded = loaded.narrow(dim, (self.tp_rank // self.kv_replicas) * size, size)
+            copy_checked(param.narrow(dim, offset, size), loaded, f"QKVParallelLinear {shard_id}")
+            return
+        self._load_shard(param, loaded, offset, size, f"QKVParallelLinear {shard_id}")
+
+
+class RowParallelLinear(LinearBase):
+    """Input features split across ranks: y = sum_r x_r @ W_r^T (+ b once), an all-reduce at TP > 1."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False,
+                 quant_method: QuantMethod | None = None) -> None:
+        _, tp_size = tensor_parallel_rank_and_size()
+        if input_size % tp_size:
+            raise ValueError(f"input size {input_size} is not divisible by tensor_parallel_size {tp_size}")
+        super().__init__(input_size // tp_size, [output_size], bias, quant_method)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
+        dim = getattr(param, "input_dim", None)
+        copy_checked(param, self._shard_of(loaded, dim, param.shape[dim] if dim is not None else 0),
+                     "RowParallelLinear")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The bias is added after the (future) all-reduce so that it is counted once, not tp_size times.
+        out = self.quant_method.apply(self, x, None)
+        if self.tp_size > 1:
+            raise NotImplementedError("tensor-parallel all-reduce arrives with lamina.distributed")
+        return out if self.bias is None else out + self.bias

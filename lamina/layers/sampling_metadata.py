@@ -1,0 +1,189 @@
+"""SamplingMetadata: the per-step batched tensors the Sampler needs, built from the batch's requests.
+
+Row i of every tensor belongs to requests[i] (the order of the logits rows). Optional pieces are None
+when no row needs them, so the Sampler skips that work entirely:
+
+    temperature  [B] float32   1.0 on greedy rows (a safe divisor; greedy rows take the argmax)
+    greedy_mask  [B] bool      only in mixed batches (neither all_greedy nor all_random)
+    top_k        [B] int64     vocab_size where off, 1 on greedy rows | None when no random row uses it
+    top_p        [B] float32   1.0 where off               | None when no random row uses top-p
+    min_p        [B] float32   0.0 where off               | None when no random row uses min-p
+    penalties    PenaltyTensors                            | None when no row has a penalty
+    min_tokens   MinTokensMask (row, token id) pairs       | None when no row is below min_tokens
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lamina.engine.request import Request
+from lamina.sampling_params import SamplingParams
+
+
+@dataclass
+class PenaltyTensors:
+    """Repetition / frequency / presence penalties of one step (neutral values on rows without them).
+
+    prompt_token_mask is None when no row has a repetition penalty (only it looks at the prompt).
+    """
+
+    repetition_penalties: torch.Tensor  # [B] float32, 1.0 = off
+    frequency_penalties: torch.Tensor  # [B] float32, 0.0 = off
+    presence_penalties: torch.Tensor  # [B] float32, 0.0 = off
+    output_token_counts: torch.Tensor  # [B, V] float32: occurrences of each token in the output so far
+    prompt_token_mask: torch.Tensor | None  # [B, V] bool: token occurs in the prompt
+
+
+@dataclass
+class MinTokensMask:
+    """Logits to set to -inf: logits[rows[j], token_ids[j]] (EOS and stop ids below min_tokens)."""
+
+    rows: torch.Tensor  # [M] int64
+    token_ids: torch.Tensor  # [M] int64
+
+
+@dataclass
+class SamplingMetadata:
+    """Everything the Sampler needs for one step, batched (see the module docstring for the layout)."""
+
+    temperature: torch.Tensor
+    all_greedy: bool
+    all_random: bool
+    greedy_mask: torch.Tensor | None
+    top_k: torch.Tensor | None
+    max_top_k: int  # max of top_k (a Python int, so the sampler never syncs to read it)
+    top_p: torch.Tensor | None
+    min_p: torch.Tensor | None
+    generators: dict[int, torch.Generator]  # row -> the request's own generator (seeded rows only)
+    max_num_logprobs: int | None  # None: no row asked for logprobs
+    penalties: PenaltyTensors | None
+    min_tokens: MinTokensMask | None
+
+    @property
+    def no_penalties(self) -> bool:
+        return self.penalties is None
+
+    @classmethod
+    def from_requests(cls, requests: list[Request], generators: dict[str, torch.Generator],
+                      vocab_size: int, device: torch.device) -> SamplingMetadata:
+        """Build the step's metadata; `generators` maps request_id -> generator for seeded requests."""
+        if vocab_size < 1:
+            raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+        params = [r.sampling_params for r in requests]
+        greedy = [p.greedy for p in params]
+        random_params = [p for p, g in zip(params, greedy) if not g]
+        top_k = [_top_k(p, g, vocab_size) for p, g in zip(params, greedy)]
+        logprobs = [p.logprobs for p in params if p.logprobs is not None]
+        return cls(
+            temperature=_floats([1.0 if g else p.temperature for p, g in zip(params, greedy)], device),
+            all_greedy=all(greedy),
+            all_random=not any(greedy),
+            greedy_mask=(torch.tensor(greedy, dtype=torch.bool, device=device)
+                         if any(greedy) and not all(greedy) else None),
+            top_k=(torch.tensor(top_k, dtype=torch.int64, device=device)
+                   if any(0 < p.top_k < vocab_size for p in random_params) else None),
+            max_top_k=max(top_k, default=vocab_size),
+            top_p=(_floats([1.0 if g else p.top_p for p, g in zip(params, greedy)], device)
+                   if any(p.top_p < 1.0 for p in random_params) else None),
+            min_p=(_floats([0.0 if g else p.min_p for p, g in zip(params, greedy)], device)
+                   if any(p.min_p > 0.0 for p in random_params) else None),
+            generators=_row_generators(requests, greedy, generators),
+            max_num_logprobs=max(logprobs, default=None),
+            penalties=_penalty_tensors(requests, vocab_size, device),
+            min_tokens=_min_tokens_mask(requests, vocab_size, device),
+        )
+
+
+def _floats(values: list[float], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32, device=device)
+
+
+def _top_k(params: SamplingParams, greedy: bool, vocab_size: int) -> int:
+    """top_k as a row value: 0 / -1 (off) and k > V mean "keep the whole vocabulary".
+
+    Greedy rows get 1: their random sample is discarded, and 1 keeps `max_top_k` small.
+    """
+    if greedy:
+        return 1
+    if params.top_k <= 0:
+        return vocab_size
+    return min(params.top_k, vocab_size)
+
+
+def _row_generators(requests: list[Request], greedy: list[bool],
+                    generators: dict[str, torch.Generator]) -> dict[int, torch.Generator]:
+    rows: dict[int, torch.Generator] = {}
+    for i, (req, is_greedy) in enumerate(zip(requests, greedy)):
+        if is_greedy or req.sampling_params.seed is None:
+            continue
+        gen = generators.get(req.request_id)
+        if gen is None:
+            raise ValueError(f"request {req.request_id!r} has a seed but no generator was passed in "
+                             "`generators` (the runner creates one per seeded request)")
+        rows[i] = gen
+    return rows
+
+
+def _has_penalty(params: SamplingParams) -> bool:
+    return (params.repetition_penalty != 1.0 or params.frequency_penalty != 0.0
+            or params.presence_penalty != 0.0)
+
+
+def _penalty_tensors(requests: list[Request], vocab_size: int,
+                     device: torch.device) -> PenaltyTensors | None:
+    params = [r.sampling_params for r in requests]
+    rows = [i for i, p in enumerate(params) if _has_penalty(p)]
+    if not rows:
+        return None
+    shape = (len(requests), vocab_size)
+    rep_rows = [i for i in rows if params[i].repetition_penalty != 1.0]
+    prompt_mask = None
+    if rep_rows:
+        prompt_mask = _token_counts([requests[i].prompt_token_ids for i in rep_rows], rep_rows,
+                                    shape, device) > 0
+    return PenaltyTensors(
+        repetition_penalties=_floats([p.repetition_penalty for p in params], device),
+        frequency_penalties=_floats([p.frequency_penalty for p in params], device),
+        presence_penalties=_floats([p.presence_penalty for p in params], device),
+        output_token_counts=_token_counts([requests[i].output_token_ids for i in rows], rows,
+                                          shape, device),
+        prompt_token_mask=prompt_mask,
+    )
+
+
+def _token_counts(token_lists: list[list[int]], rows: list[int], shape: tuple[int, int],
+                  device: torch.device) -> torch.Tensor:
+    """[B, V] float32 counts: counts[rows[j], t] = occurrences of t in token_lists[j] (one scatter_add)."""
+    vocab_size = shape[1]
+    ids = torch.tensor([t for tokens in token_lists for t in tokens], dtype=torch.int64)
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ValueError(f"token ids must be in [0, {vocab_size}) for penalties, got "
+                         f"[{int(ids.min())}, {int(ids.max())}]")
+    lengths = torch.tensor([len(tokens) for tokens in token_lists], dtype=torch.int64)
+    flat = torch.repeat_interleave(torch.tensor(rows, dtype=torch.int64), lengths) * vocab_size + ids
+    counts = torch.zeros(shape[0] * vocab_size, dtype=torch.float32, device=device)
+    flat = flat.to(device)
+    counts.scatter_add_(0, flat, torch.ones(flat.shape, dtype=torch.float32, device=device))
+    return counts.view(shape)
+
+
+def _min_tokens_mask(requests: list[Request], vocab_size: int,
+                     device: torch.device) -> MinTokensMask | None:
+    rows: list[int] = []
+    token_ids: list[int] = []
+    for i, req in enumerate(requests):
+        params = req.sampling_params
+        if len(req.output_token_ids) >= params.min_tokens:
+            continue
+        banned = set(params.stop_token_ids or ())
+        if not params.ignore_eos:
+            banned |= set(req.eos_token_ids)
+        # an id outside the vocabulary can never be sampled, so there is nothing to mask
+        kept = sorted(t for t in banned if 0 <= t < vocab_size)
+        rows.extend([i] * len(kept))
+        token_ids.extend(kept)
+    if not rows:
+        return None
+    return MinTokensMask(rows=torch.tensor(rows, dtype=torch.int64, device=device),
+                         token_ids=torch.tensor(token_ids, dtype=torch.int64, device=device))

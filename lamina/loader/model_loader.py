@@ -1,0 +1,82 @@
+"""Build a model from its ModelArch and fill it: strictly from the checkpoint, or with dummy weights."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from lamina.attention.backends import get_attention_backend
+from lamina.layers.linear import LinearBase
+from lamina.loader.hf_config import ModelArch
+from lamina.loader.weights import format_names, iterate_weights
+from lamina.models.common import CausalLM
+from lamina.models.registry import get_model_class
+
+LOAD_FORMATS = ("auto", "dummy")
+MODEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_DUMMY_STD = 0.02
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    # Parameters are created with torch.empty/ones in the default dtype: build them in `dtype`
+    # directly instead of building float32 and casting (twice the memory at load time).
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _check_args(dtype: torch.dtype, load_format: str) -> None:
+    if dtype not in MODEL_DTYPES:
+        raise ValueError(f"dtype must be one of {[str(d) for d in MODEL_DTYPES]}, got {dtype}")
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format must be one of {list(LOAD_FORMATS)}, got {load_format!r}")
+
+
+def load_model(model_dir: str, arch: ModelArch, dtype: torch.dtype, device: torch.device | str,
+               load_format: str = "auto", attention_backend: str = "auto") -> CausalLM:
+    """Instantiate `arch.architecture` in `dtype` on `device` and load its weights.
+
+    load_format "auto": the safetensors checkpoint in `model_dir`, strictly: a checkpoint tensor
+    that matches no parameter, or a parameter with no checkpoint tensor, is a ValueError naming them.
+    load_format "dummy": small random weights, no files read (for benchmarks and tests).
+    """
+    _check_args(dtype, load_format)
+    model_cls = get_model_class(arch.architecture)
+    backend = get_attention_backend(attention_backend)
+    with _default_dtype(dtype), torch.device(device):
+        model = model_cls(arch, backend)
+    if load_format == "dummy":
+        init_dummy_weights(model)
+    else:
+        load_checkpoint(model, model_dir)
+    for module in model.modules():
+        if isinstance(module, LinearBase):
+            module.quant_method.process_after_loading(module)
+    return model.eval()
+
+
+def load_checkpoint(model: CausalLM, model_dir: str) -> None:
+    """Stream the checkpoint into `model`; every expected tensor must be present, and nothing else."""
+    loaded = model.load_weights(iterate_weights(model_dir))
+    missing = model.expected_weight_names() - loaded
+    if missing:
+        raise ValueError(f"checkpoint in {model_dir!r} is missing {len(missing)} tensor(s) that "
+                         f"{type(model).__name__} needs: {format_names(missing)}")
+
+
+@torch.no_grad()
+def init_dummy_weights(model: CausalLM, seed: int = 0) -> None:
+    """Norm weights 1, everything else N(0, 0.02): finite, deterministic activations without a checkpoint."""
+    generator = None
+    for name, param in model.named_parameters():
+        if generator is None:
+            generator = torch.Generator(device=param.device).manual_seed(seed)
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+        else:
+            param.normal_(0.0, _DUMMY_STD, generator=generator)

@@ -1,0 +1,59 @@
+"""Stream checkpoint tensors out of safetensors files, one file open at a time.
+
+Only safetensors is read: .bin / .pt checkpoints are pickles, which can run arbitrary code
+when loaded, so lamina refuses them on purpose (convert them with HF's `save_pretrained`).
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def format_names(names: Iterable[str], limit: int = 5) -> str:
+    """'a, b, c ... and N more' — enough names to act on without flooding the message."""
+    ordered = sorted(names)
+    shown = ", ".join(ordered[:limit])
+    return shown if len(ordered) <= limit else f"{shown} ... and {len(ordered) - limit} more"
+
+
+def _index_files(index_path: Path) -> list[Path]:
+    try:
+        weight_map = json.loads(index_path.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(f"{index_path}: not a valid safetensors index ({exc!r})") from None
+    files = [index_path.parent / name for name in dict.fromkeys(weight_map.values())]
+    absent = [f.name for f in files if not f.is_file()]
+    if absent:
+        raise ValueError(f"{index_path}: shard file(s) listed in the index are missing: {format_names(absent)}")
+    return files
+
+
+def safetensors_files(model_dir: str) -> list[Path]:
+    """The checkpoint files in load order: the index's shards, or the single file, or all *.safetensors."""
+    path = Path(model_dir)
+    if (path / INDEX_FILE).is_file():
+        return _index_files(path / INDEX_FILE)
+    if (path / SINGLE_FILE).is_file():
+        return [path / SINGLE_FILE]
+    files = sorted(path.glob("*.safetensors"))
+    if files:
+        return files
+    pickles = sorted(p.name for p in path.glob("*") if p.suffix in (".bin", ".pt", ".pth"))
+    hint = (f" (found {format_names(pickles)}: pickle checkpoints are not loaded, on purpose, because "
+            f"unpickling can run arbitrary code; re-save the model with safetensors)") if pickles else ""
+    raise ValueError(f"model: no *.safetensors weights in {model_dir!r}{hint}")
+
+
+def iterate_weights(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (checkpoint name, CPU tensor) for every tensor of the checkpoint, file by file."""
+    for file in safetensors_files(model_dir):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)

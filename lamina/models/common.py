@@ -1,0 +1,198 @@
+"""The Llama-style decoder shared by every supported architecture.
+
+    input_ids [T] -> embed_tokens -> N x DecoderLayer -> norm -> hidden [T, hidden]
+    DecoderLayer:  h, res = input_layernorm(h, res);  h = self_attn(h)      (residual add fused
+                   h, res = post_attention_layernorm(h, res);  h = mlp(h)   into the norms)
+
+Module names follow HF's so that a checkpoint name maps to a parameter by one substitution:
+q/k/v_proj are fused into `qkv_proj` and gate/up_proj into `gate_up_proj`
+(see `CausalLM.stacked_params_mapping`). An architecture subclass states only its differences
+through the class attributes below.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from lamina.attention.backends import AttentionBackend
+from lamina.attention.layer import Attention
+from lamina.layers.activation import SiluAndMul
+from lamina.layers.embedding import ParallelLMHead, VocabEmbedding
+from lamina.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear, copy_checked
+from lamina.layers.norm import RMSNorm
+from lamina.layers.rotary import RotaryEmbedding
+from lamina.loader.hf_config import ModelArch
+from lamina.loader.weights import format_names
+
+
+class DecoderAttention(nn.Module):
+    """Fused qkv projection (+ optional bias, optional per-head q/k RMSNorm), RoPE, paged attention."""
+
+    def __init__(self, arch: ModelArch, qkv_bias: bool, o_bias: bool, qk_norm: bool,
+                 backend: AttentionBackend | None) -> None:
+        super().__init__()
+        head_dim = arch.head_dim
+        self.qkv_proj = QKVParallelLinear(arch.hidden_size, head_dim, arch.num_attention_heads,
+                                          arch.num_key_value_heads, bias=qkv_bias)
+        self.head_dim = head_dim
+        self.q_size = self.qkv_proj.num_heads * head_dim
+        self.kv_size = self.qkv_proj.num_kv_heads * head_dim
+        self.o_proj = RowParallelLinear(arch.num_attention_heads * head_dim, arch.hidden_size, bias=o_bias)
+        self.q_norm = RMSNorm(head_dim, arch.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, arch.rms_norm_eps) if qk_norm else None
+        self.rotary_emb = RotaryEmbedding(head_dim, arch.rope_theta, arch.max_position_embeddings,
+                                          arch.rope_scaling)
+        self.attn = Attention(self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, head_dim,
+                              scale=head_dim ** -0.5, backend=backend)
+
+    def _head_norm(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+        return norm(x.reshape(x.shape[0], -1, self.head_dim)).reshape(x.shape)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self._head_norm(self.q_norm, q), self._head_norm(self.k_norm, k)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v))
+
+
+class GatedMLP(nn.Module):
+    """down(silu(gate(x)) * up(x)) with gate and up fused into one matmul."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, arch: ModelArch, attention: DecoderAttention) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.self_attn = attention
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.mlp = GatedMLP(arch.hidden_size, arch.intermediate_size)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:  # first layer: the residual stream starts as the embeddings
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, arch: ModelArch, layers: list[DecoderLayer]) -> None:
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(arch.vocab_size, arch.hidden_size)
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class CausalLM(nn.Module):
+    """A decoder-only LM over a flat batch; attention metadata comes from `set_attention_metadata`."""
+
+    qkv_bias: ClassVar[bool | None] = None  # None: the config's attention_bias
+    o_proj_bias: ClassVar[bool | None] = None  # None: the config's attention_bias
+    qk_norm: ClassVar[bool] = False  # Qwen3: RMSNorm over each q / k head before RoPE
+    # (fused param fragment, checkpoint fragment, shard id)
+    stacked_params_mapping: ClassVar[list[tuple[str, str, str | int]]] = [
+        (".qkv_proj.", ".q_proj.", "q"), (".qkv_proj.", ".k_proj.", "k"), (".qkv_proj.", ".v_proj.", "v"),
+        (".gate_up_proj.", ".gate_proj.", 0), (".gate_up_proj.", ".up_proj.", 1),
+    ]
+    # Checkpoint tensors that are derived, not learned (some older exports include them).
+    ignored_weight_suffixes: ClassVar[tuple[str, ...]] = ("rotary_emb.inv_freq",)
+
+    def __init__(self, arch: ModelArch, attn_backend: AttentionBackend | None = None) -> None:
+        super().__init__()
+        self.arch = arch
+        qkv_bias = arch.attention_bias if self.qkv_bias is None else self.qkv_bias
+        o_bias = arch.attention_bias if self.o_proj_bias is None else self.o_proj_bias
+        layers = [DecoderLayer(arch, DecoderAttention(arch, qkv_bias, o_bias, self.qk_norm, attn_backend))
+                  for _ in range(arch.num_hidden_layers)]
+        self.model = DecoderModel(arch, layers)
+        tied = self.model.embed_tokens if arch.tie_word_embeddings else None
+        self.lm_head = ParallelLMHead(arch.vocab_size, arch.hidden_size, tied_to=tied)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions [T] (a flat batch) -> hidden states [T, hidden_size]."""
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden_size] -> float32 logits [N, vocab_size]."""
+        return self.lm_head.compute_logits(hidden)
+
+    def _is_ignored(self, name: str) -> bool:
+        # A tied checkpoint may still carry lm_head.weight (a copy of the embedding): HF ignores it too.
+        tied_head = self.arch.tie_word_embeddings and name == "lm_head.weight"
+        return tied_head or name.endswith(self.ignored_weight_suffixes)
+
+    def _target(self, name: str) -> tuple[str, str | int | None]:
+        """Checkpoint name -> (parameter name, shard id or None)."""
+        for fused, part, shard_id in self.stacked_params_mapping:
+            if part in name:
+                return name.replace(part, fused), shard_id
+        return name, None
+
+    def expected_weight_names(self) -> set[str]:
+        """Every checkpoint name this model needs (fused parameters expanded to their parts)."""
+        names: set[str] = set()
+        for param_name, _ in self.named_parameters():
+            parts = [param_name.replace(fused, part) for fused, part, _ in self.stacked_params_mapping
+                     if fused in param_name]
+            names.update(parts or [param_name])
+        return names
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy checkpoint tensors into the parameters; returns the checkpoint names loaded.
+
+        Raises ValueError naming the checkpoint tensors that match no parameter (after loading the
+        others) or whose shape does not match.
+        """
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        unexpected: list[str] = []
+        for name, tensor in weights:
+            if self._is_ignored(name):
+                continue
+            param_name, shard_id = self._target(name)
+            param = params.get(param_name)
+            if param is None:
+                unexpected.append(name)
+                continue
+            try:
+                _load_one(param, tensor, shard_id)
+            except ValueError as exc:
+                raise ValueError(f"checkpoint tensor {name!r}: {exc}") from None
+            loaded.add(name)
+        if unexpected:
+            raise ValueError(f"checkpoint has {len(unexpected)} tensor(s) this {type(self).__name__} does not "
+                             f"expect: {format_names(unexpected)}")
+        return loaded
+
+
+def _load_one(param: nn.Parameter, tensor: torch.Tensor, shard_id: str | int | None) -> None:
+    loader = getattr(param, "weight_loader", None)
+    if loader is None:  # plain parameters (norm weights): same shape, straight copy
+        copy_checked(param, tensor, "parameter")
+    elif shard_id is None:
+        loader(param, tensor)
+    else:
+        loader(param, tensor, shard_id)

@@ -1,0 +1,194 @@
+"""Scheduler unit tests: pure Python, the real KV cache manager, a fake model runner."""
+from __future__ import annotations
+
+from lamina.config import SchedulerConfig
+from lamina.engine.interfaces import ModelRunnerOutput, SchedulerOutput
+from lamina.engine.request import Request, RequestStatus
+from lamina.engine.scheduler import Scheduler
+from lamina.kv.kv_manager import KVCacheManager
+from lamina.sampling_params import SamplingParams
+
+BS = 4
+
+
+def make_scheduler(num_blocks: int = 64, budget: int = 64, max_seqs: int = 16, caching: bool = True,
+                   max_model_len: int = 1000) -> Scheduler:
+    kv = KVCacheManager(num_blocks, BS, caching)
+    return Scheduler(SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs), kv, max_model_len)
+
+
+def make_request(rid: str, n_prompt: int, max_tokens: int = 8, base: int = 0, **params) -> Request:
+    prompt = [(base + i) % 50 + 1 for i in range(n_prompt)]
+    return Request(rid, prompt, SamplingParams(max_tokens=max_tokens, **params), eos_token_ids=frozenset({0}))
+
+
+def fake_output(out: SchedulerOutput, token: int | None = None) -> ModelRunnerOutput:
+    """A request samples when its chunk reaches the end of its tokens, like the real runner."""
+    sampled = {}
+    for r in out.requests:
+        if r.num_computed_tokens + out.num_scheduled_tokens[r.request_id] >= r.num_tokens:
+            sampled[r.request_id] = [token if token is not None else 7 + r.num_tokens % 5]
+    return ModelRunnerOutput(sampled_token_ids=sampled)
+
+
+def step(s: Scheduler, token: int | None = None) -> SchedulerOutput:
+    out = s.schedule()
+    s.update_from_output(out, fake_output(out, token))
+    s.kv.check_integrity()
+    return out
+
+
+def run_all(s: Scheduler, max_steps: int = 500) -> int:
+    steps = 0
+    while s.has_unfinished_requests():
+        step(s)
+        steps += 1
+        assert steps < max_steps, "scheduler did not finish"
+    return steps
+
+
+def test_chunked_prefill_splits_prompt_over_budget_and_mixes_decodes():
+    s = make_scheduler(budget=16)
+    s.add_request(make_request("a", 10))
+    s.add_request(make_request("b", 20))
+    out = step(s)
+    assert out.num_scheduled_tokens == {"a": 10, "b": 6}
+    out = step(s)
+    # a decodes one token, b gets the next chunk of its prompt in the same step
+    assert out.num_scheduled_tokens == {"a": 1, "b": 14}
+    out = step(s)
+    assert out.num_scheduled_tokens == {"a": 1, "b": 1}
+    run_all(s)
+
+
+def test_token_budget_and_max_num_seqs_are_respected():
+    s = make_scheduler(budget=32, max_seqs=3)
+    for i in range(6):
+        s.add_request(make_request(f"r{i}", 5, base=10 * i))
+    while s.has_unfinished_requests():
+        out = step(s)
+        assert out.total_num_scheduled_tokens <= 32
+        assert len(s.running) <= 3
+
+
+def test_preemption_newest_first_no_admission_and_recompute_resume():
+    # 9 usable blocks of 4 tokens; three requests of 8 prompt tokens that want 24 tokens each.
+    s = make_scheduler(num_blocks=10, budget=64)
+    for i in range(3):
+        s.add_request(make_request(f"r{i}", 8, max_tokens=16, base=10 * i))
+    step(s)
+    assert [r.request_id for r in s.running] == ["r0", "r1", "r2"]
+    saw_preemption = False
+    while s.has_unfinished_requests():
+        waiting_before = [r.request_id for r in s.waiting]
+        running_before = [r.request_id for r in s.running]
+        out = s.schedule()
+        if out.preempted_req_ids:
+            # newest first (r2 before r1), and nothing new is admitted in that step
+            assert out.preempted_req_ids[0] == running_before[-1]
+            assert out.preempted_req_ids[0] == "r2" or saw_preemption
+            saw_preemption = True
+            assert all(r.request_id not in waiting_before for r in out.requests)
+            for rid in out.preempted_req_ids:
+                victim = next(r for r in s.waiting if r.request_id == rid)
+                assert victim.num_computed_tokens == 0 and victim.block_ids == []
+                assert victim.status == RequestStatus.PREEMPTED
+        s.update_from_output(out, fake_output(out))
+        s.kv.check_integrity()
+    assert saw_preemption
+    assert s.stats.num_preemptions >= 1
+    assert s.kv.num_free_blocks + s.kv.num_cached_blocks == 9
+
+
+def test_preempted_request_keeps_its_output_and_gets_prefix_hit():
+    s = make_scheduler(num_blocks=10, budget=64)
+    a = make_request("a", 8, max_tokens=20)
+    b = make_request("b", 8, max_tokens=20, base=20)
+    s.add_request(a)
+    s.add_request(b)
+    while b.status != RequestStatus.PREEMPTED:
+        step(s)
+        assert s.has_unfinished_requests()
+    produced = list(b.output_token_ids)
+    assert produced, "b should have produced tokens before it was preempted"
+    # b resumes later with its committed full blocks found in the prefix cache
+    while b.status != RequestStatus.RUNNING:
+        out = step(s)
+    assert b.output_token_ids[:len(produced)] == produced
+    assert out.num_scheduled_tokens["b"] < b.num_tokens  # not everything recomputed
+    run_all(s)
+
+
+def test_stop_conditions():
+    s = make_scheduler()
+    s.add_request(make_request("eos", 4, max_tokens=10))
+    s.add_request(make_request("ignore", 4, max_tokens=3, base=5, ignore_eos=True))
+    s.add_request(make_request("minimum", 4, max_tokens=10, base=9, min_tokens=2))
+    s.add_request(make_request("stop_id", 4, max_tokens=10, base=13, stop_token_ids=[0]))
+    finished = {}
+    while s.has_unfinished_requests():
+        out = s.schedule()
+        changed = s.update_from_output(out, fake_output(out, token=0))
+        finished.update({r.request_id: r for r in changed if r.is_finished})
+    assert finished["eos"].output_token_ids == [0] and finished["eos"].finish_reason == "stop"
+    assert finished["eos"].stop_reason is None
+    assert finished["ignore"].output_token_ids == [0, 0, 0] and finished["ignore"].finish_reason == "length"
+    assert finished["minimum"].output_token_ids == [0, 0] and finished["minimum"].finish_reason == "stop"
+    # with ignore_eos off, EOS (0) wins first; a stop token that is not EOS sets stop_reason
+    s2 = make_scheduler()
+    s2.add_request(make_request("stop_id", 4, max_tokens=10, stop_token_ids=[3]))
+    while s2.has_unfinished_requests():
+        out = s2.schedule()
+        changed = s2.update_from_output(out, fake_output(out, token=3))
+    assert changed[0].stop_reason == 3 and changed[0].finish_reason == "stop"
+    s.kv.check_integrity()
+
+
+def test_max_model_len_caps_output():
+    s = make_scheduler(max_model_len=12)
+    r = make_request("a", 10, max_tokens=None)
+    s.add_request(r)
+    run_all(s)
+    assert r.num_output_tokens == 2 and r.finish_reason == "length"
+
+
+def test_prefix_cache_hit_is_block_aligned_and_capped():
+    s = make_scheduler()
+    first = make_request("first", 12, max_tokens=1)
+    s.add_request(first)
+    run_all(s)
+    again = make_request("again", 12, max_tokens=1)  # same 12 tokens = 3 full blocks
+    s.add_request(again)
+    out = step(s)
+    # the last token is always computed, so only 2 of the 3 blocks are hits
+    assert again.metrics.num_cached_tokens == 8
+    assert out.num_scheduled_tokens["again"] == 4
+    run_all(s)
+    assert s.make_stats().prefix_cache_hits == 8
+
+
+def test_parallel_samples_wait_for_the_parent_prompt():
+    for caching in (True, False):
+        s = make_scheduler(budget=8, caching=caching)
+        parent = make_request("0_x", 14, max_tokens=3)
+        child = Request("1_x", list(parent.prompt_token_ids), SamplingParams(max_tokens=3), parent=parent,
+                        sample_index=1)
+        s.add_request(parent)
+        s.add_request(child)
+        out = step(s)
+        assert list(out.num_scheduled_tokens) == ["0_x"]  # the child waits while the prompt is chunked
+        step(s)
+        out = step(s)
+        assert out.num_scheduled_tokens["1_x"] == 14 - 12  # 3 shared full blocks, last 2 tokens computed
+        run_all(s)
+
+
+def test_finish_request_aborts_and_frees():
+    s = make_scheduler()
+    r = make_request("a", 6, max_tokens=50)
+    s.add_request(r)
+    step(s)
+    s.finish_request("a", RequestStatus.FINISHED_ABORTED)
+    assert r.finish_reason == "abort" and not s.has_unfinished_requests()
+    s.kv.check_integrity()
+    assert s.schedule().finished_req_ids == ["a"]
