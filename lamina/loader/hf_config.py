@@ -77,6 +77,9 @@ def _rope(raw: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     if "full_attention" in params:  # 5.x per-layer-type layout
         params = dict(params["full_attention"] or {})
     theta = float(params.pop("rope_theta", None) or raw.get("rope_theta") or 10000.0)
+    partial = params.pop("partial_rotary_factor", None) or raw.get("partial_rotary_factor") or 1.0
+    if partial != 1.0:
+        raise ValueError(f"partial_rotary_factor: only 1.0 is supported, got {partial!r}")
     rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
     params.pop("type", None)
     if rope_type == "default":

@@ -41,7 +41,8 @@ class Worker:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.model_config.dtype, arch, self.device)
         cache = config.cache_config
-        self.model = load_model(config.model_config.model, arch, self.dtype, self.device)
+        self.model = load_model(config.model_config.model, arch, self.dtype, self.device,
+                                attention_backend=config.attention_backend)
         self.num_blocks = self._num_kv_blocks()
         self.kv_capacity_tokens = (self.num_blocks - 1) * cache.block_size
         self.max_model_len = self._max_model_len()

@@ -1,26 +1,25 @@
 """KV cache sizing, allocation and binding to the model's attention layers (lamina/kv/cache.py)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from lamina.kv.cache import (allocate_kv_caches, attention_layers, bind_kv_caches, kv_cache_bytes_per_block,
                              num_blocks_for_bytes)
-from lamina.loader.hf_config import load_model_arch
+from lamina.loader.hf_config import ModelArch, load_model_arch
 from lamina.loader.model_loader import load_model
+from lamina.models.common import CausalLM
 from tests.helpers.tiny_models import make_tiny_model
 
 
 @pytest.fixture(scope="module")
-def arch_and_model(tmp_path_factory: pytest.TempPathFactory):
+def arch_and_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModelArch, CausalLM]:
     path = str(make_tiny_model("qwen3", tmp_path_factory.mktemp("q"), num_hidden_layers=3))
     arch = load_model_arch(path)
     return arch, load_model(path, arch, torch.float32, torch.device("cpu"), load_format="dummy")
 
 
-def test_sizing(arch_and_model) -> None:
+def test_sizing(arch_and_model: tuple[ModelArch, CausalLM]) -> None:
     arch, _ = arch_and_model
     # 2 (K, V) * 3 layers * 16 tokens * 2 kv heads * 16 head_dim * 2 bytes
     assert kv_cache_bytes_per_block(arch, 16, torch.bfloat16) == 2 * 3 * 16 * 2 * 16 * 2
@@ -30,7 +29,7 @@ def test_sizing(arch_and_model) -> None:
         num_blocks_for_bytes(arch, 16, torch.float32, per_block)
 
 
-def test_allocate_and_bind_in_layer_order(arch_and_model) -> None:
+def test_allocate_and_bind_in_layer_order(arch_and_model: tuple[ModelArch, CausalLM]) -> None:
     arch, model = arch_and_model
     caches = allocate_kv_caches(arch, 5, 8, torch.float32, "cpu")
     assert len(caches) == 3

@@ -93,6 +93,7 @@ def test_sliding_window_shorter_than_max_model_len_is_refused(tmp_path: Path) ->
     ({"hidden_size": None}, r"missing required field\(s\) \['hidden_size'\]"),
     ({"num_key_value_heads": 3}, r"num_attention_heads \(4\) must be a multiple of num_key_value_heads \(3\)"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, r"'yarn' is not supported.*'llama3'"),
+    ({"partial_rotary_factor": 0.5}, r"partial_rotary_factor: only 1.0 is supported, got 0.5"),
     ({"hidden_act": "gelu"}, "hidden_act: only 'silu'"),
     ({"quantization_config": {"quant_method": "gptq"}}, "quantization_config.*'gptq'"),
 ])
