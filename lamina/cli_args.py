@@ -16,6 +16,29 @@ _SKIPPED = {"model", "stop_list", "n"}
 _SAMPLING_RENAMES = {"seed": "sampling_seed"}
 
 
+_HELP = {
+    "dtype": "auto | float32 | bfloat16 | float16 (auto: float32 on CPU, the checkpoint's dtype on GPU)",
+    "max_model_len": "longest prompt + output in tokens (default: the model's limit, capped by the KV cache)",
+    "seed": "engine seed for requests without their own --sampling-seed",
+    "skip_tokenizer_init": "load no tokenizer (prompts must be token ids)",
+    "tokenizer": "tokenizer directory (default: the model directory)",
+    "max_logprobs": "the most --logprobs a request may ask for",
+    "block_size": "tokens per KV cache block",
+    "num_kv_blocks": "KV cache size in blocks (wins over --kv-cache-memory-bytes)",
+    "kv_cache_memory_bytes": "KV cache size in bytes (default on CPU: 1 GiB)",
+    "enable_prefix_caching": "reuse the KV of shared prompt prefixes (radix tree over blocks)",
+    "max_num_batched_tokens": "token budget of one engine step (longer prompts are chunked)",
+    "max_num_seqs": "most requests running at once",
+    "device": "auto | cpu | cuda",
+    "attention_backend": "auto | torch",
+    "temperature": "0 = greedy",
+    "top_k": "0 or -1 = off",
+    "sampling_seed": "seed of this request's own random generator",
+    "max_tokens": "most tokens to generate",
+    "logprobs": "return the top-N logprobs of each generated token",
+}
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -30,13 +53,16 @@ def _scalar_type(hint: str) -> type | None:
 def _add_field(group: argparse._ArgumentGroup, field: dataclasses.Field, default: object,
                name: str | None = None) -> None:
     hint, flag = str(field.type), _flag(name or field.name)
+    help_text = _HELP.get(name or field.name, "")
     if hint.startswith("bool"):
-        group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+        group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         return
     if "list[" in hint:
-        group.add_argument(flag, nargs="+", type=str if "str" in hint else int, default=None)
+        group.add_argument(flag, nargs="+", type=str if "str" in hint else int, default=None, help=help_text)
         return
-    group.add_argument(flag, type=_scalar_type(hint) or str, default=default, help=f"default: {default}")
+    if default is not None:
+        help_text = f"{help_text} (default: {default})" if help_text else f"default: {default}"
+    group.add_argument(flag, type=_scalar_type(hint) or str, default=default, help=help_text)
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:

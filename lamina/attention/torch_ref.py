@@ -41,12 +41,11 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, num_tokens: int) -
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
             scale: float) -> torch.Tensor:
-    """q [B, H, Q, D], k/v [B, KV, S, D], mask [B, 1, Q, S] (True = attend) -> [B, H, Q, D] float32."""
-    group = q.shape[1] // k.shape[1]
-    # Query head h reads KV head h // group, as HF's repeat_kv does.
-    k = k.float().repeat_interleave(group, dim=1)
-    v = v.float().repeat_interleave(group, dim=1)
-    return F.scaled_dot_product_attention(q.float(), k, v, attn_mask=mask, scale=scale)
+    """q [B, H, Q, D], k/v [B, KV, S, D], mask [B, 1, Q, S] (True = attend) -> [B, H, Q, D] float32.
+
+    Query head h reads KV head h // (H // KV), as HF's repeat_kv does (SDPA's enable_gqa)."""
+    return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=scale,
+                                          enable_gqa=q.shape[1] != k.shape[1])
 
 
 def _prefill_one(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -123,6 +123,18 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return torch.stack([loss.detach(), kl.detach(), ce.detach()])
 
+    def _first_step(self, total: int) -> torch.Tensor:
+        """Step 0, where compilation happens: if it fails, warn and go on without compiling."""
+        if not self.compiled:
+            return self.step(0, total)
+        try:
+            return self.step(0, total)
+        except Exception as exc:  # noqa: BLE001 - any compiler failure; the eager path is always valid
+            print(f"torch.compile failed ({type(exc).__name__}: {exc}); training without it", flush=True)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.loss_fn, self.teacher_fn, self.compiled = _StudentLoss(self.student, self.cfg), _teacher_logits, False
+            return self.step(0, total)
+
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -138,7 +150,7 @@ class Trainer:
         bar = tqdm(total=planned, disable=not progress, unit="step", dynamic_ncols=True)
         step = 0
         while step < total:
-            losses = self.step(step, total)
+            losses = self._first_step(total) if step == 0 else self.step(step, total)
             step += 1
             bar.update(1)
             if cfg.time_budget_s is not None and step == 2:
