@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
-ATTENTION_BACKENDS = ("auto", "torch")
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
 
 
 def _require(ok: bool, field_name: str, message: str) -> None:

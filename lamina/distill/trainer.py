@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -24,17 +25,17 @@ from .losses import distill_loss
 
 @dataclass
 class TrainResult:
-    """What a run did: steps, tokens, wall time and the loss curve ``(step, total, kl, ce)``."""
+    """What a run did: steps, tokens, wall time and the loss curve ``(step, seconds, total, kl, ce)``."""
 
     steps: int
     tokens: int
     seconds: float
-    curve: list[tuple[int, float, float, float]] = field(default_factory=list)
+    curve: list[tuple[int, float, float, float, float]] = field(default_factory=list)
     compiled: bool = False
 
     @property
     def final_loss(self) -> float:
-        return self.curve[-1][1] if self.curve else float("nan")
+        return self.curve[-1][2] if self.curve else float("nan")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -142,37 +143,61 @@ class Trainer:
     def run(self, progress: bool = True) -> TrainResult:
         """Train for ``cfg.steps`` (or as many as fit ``cfg.time_budget_s``) and return the curve."""
         cfg = self.cfg
-        total = cfg.steps
-        curve: list[tuple[int, float, float, float]] = []
-        start = time.perf_counter()
-        probe_start = None
-        planned = None if cfg.time_budget_s is not None else total  # unknown until the probe steps ran
-        bar = tqdm(total=planned, disable=not progress, unit="step", dynamic_ncols=True)
+        plan = _StepPlan(cfg, self._sync)
+        curve: list[tuple[int, float, float, float, float]] = []
+        bar = tqdm(total=plan.shown_total(), disable=not progress, unit="step", dynamic_ncols=True)
         step = 0
-        while step < total:
-            losses = self._first_step(total) if step == 0 else self.step(step, total)
+        while step < plan.total:
+            losses = self._first_step(plan.total) if step == 0 else self.step(step, plan.total)
             step += 1
             bar.update(1)
-            if cfg.time_budget_s is not None and step == 2:
-                self._sync()
-                probe_start = time.perf_counter()  # after compilation and the first steps
-            if cfg.time_budget_s is not None and step == cfg.probe_steps + 2:
-                total = self._planned_steps(step, start, probe_start, total)
-                bar.total = total
+            if plan.after_step(step):
+                bar.total = plan.total
                 bar.refresh()
-            if step % cfg.log_every == 0 or step == total:
+            if step % cfg.log_every == 0 or step == plan.total:
                 values = losses.tolist()
-                curve.append((step, *values))
+                curve.append((step, round(plan.elapsed(), 2), *values))
                 bar.set_postfix(loss=f"{values[0]:.4f}", kl=f"{values[1]:.4f}", ce=f"{values[2]:.4f}")
+                if not progress:
+                    print(f"step {step}/{plan.total} {plan.elapsed():.0f}s loss {values[0]:.4f} "
+                          f"kl {values[1]:.4f} ce {values[2]:.4f}", flush=True)
         self._sync()
         bar.close()
-        seconds = time.perf_counter() - start
-        return TrainResult(step, step * cfg.batch_size * cfg.seq_len, seconds, curve, self.compiled)
+        return TrainResult(step, step * cfg.batch_size * cfg.seq_len, plan.elapsed(), curve, self.compiled)
 
-    def _planned_steps(self, step: int, start: float, probe_start: float | None, upper: int) -> int:
-        """Steps that fit the time budget at the speed measured since ``probe_start``."""
-        self._sync()
-        now = time.perf_counter()
-        per_step = (now - (probe_start or start)) / max(1, step - 2)
-        remaining = self.cfg.time_budget_s - (now - start)
-        return max(step, min(upper, step + int(remaining / per_step)))
+
+class _StepPlan:
+    """The planned step count. With a time budget it is set after the probe steps from the speed measured
+    since step 2 (compilation excluded from the speed, included in the elapsed time) and re-planned every
+    ``log_every`` steps, so a run that slows down still ends near its budget.
+    """
+
+    def __init__(self, cfg: TrainConfig, sync: Callable[[], None]):
+        self.cfg = cfg
+        self.total = cfg.steps
+        self.sync = sync
+        self.start = time.perf_counter()
+        self.mark: float | None = None
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def shown_total(self) -> int | None:
+        return None if self.cfg.time_budget_s is not None else self.total
+
+    def after_step(self, step: int) -> bool:
+        """Update the plan after ``step`` steps; True when ``total`` changed."""
+        budget, probe_end = self.cfg.time_budget_s, self.cfg.probe_steps + 2
+        if budget is None or step < 2:
+            return False
+        if step == 2:
+            self.sync()
+            self.mark = time.perf_counter()
+            return False
+        if step != probe_end and not (step > probe_end and step % self.cfg.log_every == 0):
+            return False
+        self.sync()
+        per_step = (time.perf_counter() - self.mark) / (step - 2)
+        remaining = budget - self.elapsed()
+        old, self.total = self.total, max(step, min(self.cfg.steps, step + int(remaining / per_step)))
+        return self.total != old

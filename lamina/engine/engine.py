@@ -53,15 +53,23 @@ class LLMEngine:
     def add_request(self, prompt: PromptType, params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None) -> str:
         """Validate and queue one request (n samples); returns its id."""
-        params = params if params is not None else SamplingParams()
         request_id = request_id if request_id is not None else str(next(self._ids))
+        self.add_processed(request_id, self.process_inputs(prompt, params, request_id, arrival_time))
+        return request_id
+
+    def process_inputs(self, prompt: PromptType, params: SamplingParams | None, request_id: str,
+                       arrival_time: float | None = None) -> list[Request]:
+        """Tokenize and validate without touching engine state (safe to call from another thread)."""
+        params = params if params is not None else SamplingParams()
+        return self.input_processor.make_requests(request_id, prompt, params, arrival_time)
+
+    def add_processed(self, request_id: str, requests: list[Request]) -> None:
+        """Queue the samples made by process_inputs (on the thread that runs step())."""
         if self.output_processor.sample_ids(request_id):
             raise ValueError(f"request_id: {request_id!r} is already in use")
-        requests = self.input_processor.make_requests(request_id, prompt, params, arrival_time)
         self.output_processor.add_group(request_id, requests)
         for request in requests:
             self.scheduler.add_request(request)
-        return request_id
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stop a request and free its KV blocks; returns its last output (finish_reason "abort")."""

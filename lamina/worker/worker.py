@@ -71,7 +71,9 @@ class Worker:
         asked = self.config.model_config.max_model_len
         limit = self.arch.max_position_embeddings
         if asked is None:
-            return min(limit, self.kv_capacity_tokens)
+            # Full attention is exact only within a sliding window: stay inside it unless asked.
+            window = self.arch.sliding_window or limit
+            return min(limit, window, self.kv_capacity_tokens)
         if asked > limit:
             raise ValueError(f"max_model_len: {asked} is larger than the model's max_position_embeddings "
                              f"({limit})")

@@ -41,6 +41,7 @@ COMPILE=${DEMO_COMPILE---compile}
 EVAL_TOKENS=${DEMO_EVAL_TOKENS:+--eval-tokens $DEMO_EVAL_TOKENS}
 
 left() { echo $((deadline - SECONDS)); }
+limit() { local s=$(( deadline - SECONDS - $1 )); [ "$s" -lt 10 ] && s=10; echo "$s"; }  # for timeout
 stage() { echo "=== [$SECONDS s] $*"; }
 
 stage "environment"
@@ -72,7 +73,7 @@ if [ "$phase" = teacher ]; then
         --data "$WORK/data" --tokenizer "$tok" --out "$WORK/demo-model" --time-budget "$budget" \
         --batch-size "$BATCH" --seq-len "$SEQ" --lr 2e-3 --warmup-steps 200 $COMPILE $EVAL_TOKENS --no-progress
     stage "teacher: samples"
-    timeout $(( $(left) - 8 )) python3 scripts/demo_model/evaluate.py --data "$WORK/data" \
+    timeout "$(limit 8)" python3 scripts/demo_model/evaluate.py --data "$WORK/data" \
         --teacher "$WORK/demo-model" --out "$OUT/teacher_eval.json" --max-new-tokens 64 --seq-len "$SEQ" $EVAL_TOKENS
     stage "pack"
     (cd "$WORK/demo-model" && split -b 15M model.safetensors "$OUT/model.safetensors.part-")
@@ -89,10 +90,10 @@ else
         --kl-weight 1 --ce-weight 0
     steps=$(python3 -c "import json; print(json.load(open('$WORK/demo-draft/distill_summary.json'))['train']['steps'])")
     stage "baseline (CE): $steps steps"
-    timeout $(( $(left) - 75 )) python3 -m lamina.distill "${common[@]}" --out "$WORK/draft-ce" \
+    timeout "$(limit 75)" python3 -m lamina.distill "${common[@]}" --out "$WORK/draft-ce" \
         --steps "$steps" --kl-weight 0 --ce-weight 1
     stage "evaluate"
-    timeout $(( $(left) - 8 )) python3 scripts/demo_model/evaluate.py --data "$WORK/data" \
+    timeout "$(limit 8)" python3 scripts/demo_model/evaluate.py --data "$WORK/data" \
         --teacher "$TEACHER" --draft "distilled=$WORK/demo-draft" --draft "ce-baseline=$WORK/draft-ce" \
         --out "$OUT/demo_eval.json" --max-new-tokens 64 --seq-len "$SEQ" $EVAL_TOKENS
     stage "pack"

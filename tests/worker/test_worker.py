@@ -50,3 +50,10 @@ def test_dtypes_run_and_agree_with_float32(model_dir, dtype, expected):
     assert out.token_ids[0] == token
     assert abs(out.logprobs[0][token].logprob - first_ref.logprobs[0][token].logprob) < tol
     llm.engine.check_integrity()
+
+
+def test_sliding_window_caps_the_default_and_refuses_more(tmp_path):
+    path = str(make_tiny_model("mistral", tmp_path / "m", sliding_window=64))
+    assert LLM(model=path, skip_tokenizer_init=True, num_kv_blocks=64).engine.max_model_len == 64
+    with pytest.raises(ValueError, match="sliding_window"):
+        LLM(model=path, skip_tokenizer_init=True, num_kv_blocks=64, max_model_len=128)
