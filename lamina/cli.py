@@ -137,8 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _register_optional(sub: argparse._SubParsersAction) -> None:
+    from lamina.bench.cli import register as register_bench
     from lamina.distill.cli import register as register_distill
 
+    register_bench(sub)
     register_distill(sub)
 
 

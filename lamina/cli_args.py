@@ -30,7 +30,7 @@ _HELP = {
     "max_num_batched_tokens": "token budget of one engine step (longer prompts are chunked)",
     "max_num_seqs": "most requests running at once",
     "device": "auto | cpu | cuda",
-    "attention_backend": "auto | torch",
+    "attention_backend": "auto | torch | triton (auto: triton on CUDA, torch elsewhere)",
     "temperature": "0 = greedy",
     "top_k": "0 or -1 = off",
     "sampling_seed": "seed of this request's own random generator",

@@ -4,11 +4,14 @@ A backend stores one step's K/V into the paged cache and attends over it:
 
     forward(q [T, H, D], k [T, KV, D], v [T, KV, D], k_cache, v_cache, metadata, scale) -> [T, H, D]
 
-"torch" is the pure-PyTorch reference (runs everywhere); the Triton backend registers here later,
-imported lazily so that the package imports on machines without a GPU.
+"torch" is the pure-PyTorch reference (runs everywhere); "triton" is the fused-kernel backend
+(`triton_backend.py`), imported only when it is asked for, so that the package imports and runs on
+machines without triton or a GPU. "auto" is "triton" when CUDA is available and triton imports,
+else "torch".
 """
 from __future__ import annotations
 
+import importlib
 from typing import Protocol
 
 import torch
@@ -36,16 +39,42 @@ class TorchAttentionBackend:
 
 
 _BACKENDS: dict[str, type] = {"torch": TorchAttentionBackend}
+_LAZY_BACKENDS = {"triton": ("lamina.attention.triton_backend", "TritonAttentionBackend")}
 
 
 def available_attention_backends() -> list[str]:
-    return ["auto", *_BACKENDS]
+    return ["auto", *_BACKENDS, *_LAZY_BACKENDS]
+
+
+def _triton_usable() -> bool:
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _load_lazy(name: str, **kwargs: object) -> AttentionBackend:
+    module_name, class_name = _LAZY_BACKENDS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"attention_backend={name!r} needs the {name} package, which does not import "
+                         f"here ({exc}); use attention_backend='torch'") from exc
+    return getattr(module, class_name)(**kwargs)
 
 
 def get_attention_backend(name: str = "auto") -> AttentionBackend:
-    """The backend called `name`; "auto" picks the best one available (the torch reference for now)."""
+    """The backend called `name`; "auto" is "triton" on a machine with CUDA and triton, else "torch".
+
+    The "triton" picked by "auto" sends CPU tensors to the torch reference (a CPU model on a GPU
+    machine); asked for by name, it refuses them unless the Triton interpreter is on."""
     if name == "auto":
-        name = "torch"
+        return _load_lazy("triton", cpu_fallback=True) if _triton_usable() else TorchAttentionBackend()
+    if name in _LAZY_BACKENDS:
+        return _load_lazy(name)
     if name not in _BACKENDS:
         raise ValueError(f"attention_backend must be one of {available_attention_backends()}, "
                          f"got {name!r}")

@@ -84,7 +84,7 @@ else
     common=(--teacher "$TEACHER" --student-config "$DRAFT_CONFIG" --data "$WORK/data" --batch-size "$BATCH"
             --seq-len "$SEQ" --lr 2e-3 --warmup-steps 100 $COMPILE --eval-tokens 0 --agreement-positions 0
             --no-progress)
-    budget=$(( ($(left) - 150) * 100 / 175 ))
+    budget=$(( ($(left) - 130) * 100 / 165 ))
     stage "distill (KL): ${budget}s"
     python3 -m lamina.distill "${common[@]}" --out "$WORK/demo-draft" --time-budget "$budget" \
         --kl-weight 1 --ce-weight 0

@@ -100,6 +100,6 @@ def test_attention_layer_reads_the_metadata_context() -> None:
 def test_backend_registry() -> None:
     assert isinstance(get_attention_backend("auto"), TorchAttentionBackend)
     assert get_attention_backend("torch").name == "torch"
-    assert available_attention_backends() == ["auto", "torch"]
-    with pytest.raises(ValueError, match=r"attention_backend must be one of \['auto', 'torch'\], got 'flash'"):
+    assert available_attention_backends() == ["auto", "torch", "triton"]
+    with pytest.raises(ValueError, match=r"attention_backend must be one of \['auto', 'torch', 'triton'\], got 'flash'"):
         get_attention_backend("flash")

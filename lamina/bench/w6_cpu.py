@@ -1,0 +1,95 @@
+"""W6 — the embedded default on CPU: greedy 128 tokens for a batch of 1 and of 16 prompts,
+lamina against HF transformers on the same checkpoint, in the same process.
+
+    python -m lamina.bench.w6_cpu [--model DIR] [--result-file out.json]
+
+HF runs `generate` with its default dynamic KV cache, left padding and an attention mask; both
+sides run float32 on the same threads. Prints a table and writes JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+import time
+
+import torch
+
+from lamina import DEMO_MODEL, LLM, SamplingParams
+
+PROMPTS = [
+    "def fibonacci(n):", "import os\n", "class Stack:\n    def __init__(self):", "def quicksort(xs):",
+    "# Read a CSV file and", "def is_prime(n):", "for i in range(", "with open(path) as f:",
+    "def parse_args():\n    parser = argparse.ArgumentParser(", "try:\n    import numpy as np\nexcept",
+    "def __repr__(self):", "async def fetch(url):", "@dataclass\nclass Point:", "def merge(a, b):",
+    "if __name__ == \"__main__\":", "def binary_search(xs, target):",
+]
+
+
+def time_lamina(llm: LLM, prompt_ids: list[list[int]], new_tokens: int) -> float:
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    start = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    assert all(len(o.outputs[0].token_ids) == new_tokens for o in outs)
+    return elapsed
+
+
+@torch.inference_mode()
+def time_hf(model: torch.nn.Module, prompt_ids: list[list[int]], new_tokens: int) -> float:
+    width = max(len(p) for p in prompt_ids)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompt_ids])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids])
+    start = time.perf_counter()
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
+                         min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    elapsed = time.perf_counter() - start
+    assert out.shape[1] == width + new_tokens
+    return elapsed
+
+
+def run(model_dir: str, new_tokens: int, repeats: int) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    llm = LLM(model=model_dir)
+    tokenizer = llm.get_tokenizer()
+    prompt_ids = [tokenizer.encode(p) for p in PROMPTS]
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    time_lamina(llm, prompt_ids[:2], 8)  # warm-up both
+    time_hf(hf, prompt_ids[:2], 8)
+    rows = []
+    for batch in (1, 16):
+        prompts = prompt_ids[:batch]
+        lamina_s = min(time_lamina(llm, prompts, new_tokens) for _ in range(repeats))
+        hf_s = min(time_hf(hf, prompts, new_tokens) for _ in range(repeats))
+        tokens = batch * new_tokens
+        rows.append({"batch": batch, "output_tokens": tokens, "lamina_tok_s": tokens / lamina_s,
+                     "hf_tok_s": tokens / hf_s, "speedup": hf_s / lamina_s})
+    llm.engine.check_integrity()
+    return {"workload": "W6", "model": model_dir, "new_tokens": new_tokens, "repeats": repeats,
+            "threads": torch.get_num_threads(), "torch": torch.__version__, "hardware": platform.processor()
+            or platform.machine(), "date": datetime.date.today().isoformat(),
+            "command": " ".join(sys.argv), "peer": "HF transformers generate (dynamic cache, fp32)", "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=DEMO_MODEL)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3, help="best of N runs per side")
+    parser.add_argument("--result-file", help="write the JSON result here")
+    args = parser.parse_args(argv)
+    result = run(args.model, args.new_tokens, args.repeats)
+    print(f"{'batch':>5} {'lamina tok/s':>13} {'HF tok/s':>9} {'speedup':>8}")
+    for row in result["rows"]:
+        print(f"{row['batch']:>5} {row['lamina_tok_s']:>13.1f} {row['hf_tok_s']:>9.1f} {row['speedup']:>7.2f}x")
+    if args.result_file:
+        with open(args.result_file, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""The FastAPI app: OpenAI-compatible routes over one AsyncEngine.
+
+    POST /v1/completions, POST /v1/chat/completions   (stream: true -> server-sent events, then [DONE])
+    GET  /v1/models, GET /health, GET /metrics
+
+Bodies are read and parsed here, not by FastAPI, so that an oversized body (413), malformed JSON and a
+wrongly typed field all come back as OpenAI error bodies naming the field. With an api_key, /v1/* needs
+"Authorization: Bearer <key>" (compared in constant time); /health and /metrics stay open, as in vLLM.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from fastapi import APIRouter, Depends, FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request as HTTPRequest
+
+from lamina.engine.async_engine import AsyncEngine
+from lamina.server import errors
+from lamina.server.chat import create_chat_completion
+from lamina.server.completions import create_completion
+from lamina.server.metrics import ServerMetrics
+from lamina.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, dump
+from lamina.server.serving import OpenAIServing
+from lamina.server.settings import ServerSettings
+
+logger = logging.getLogger(__name__)
+
+Model = TypeVar("Model", bound=BaseModel)
+_DRAIN_FACTOR = 16  # an oversized body is read (and dropped) up to this many limits, then the socket closes
+
+
+def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
+    """The server app. It installs its metrics as `engine.on_finished`; the caller owns (and shuts down) the
+    engine."""
+    app = FastAPI(title="lamina", summary="OpenAI-compatible LLM server", docs_url=None, redoc_url=None)
+    metrics = ServerMetrics(engine.get_stats, settings.served_model_name)
+    engine.on_finished = metrics.observe_finished
+    serving = OpenAIServing(engine, settings)
+    app.state.engine, app.state.settings, app.state.metrics = engine, settings, metrics
+    _add_error_handlers(app)
+    app.include_router(_v1_router(serving, settings, engine))
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not engine.is_alive:
+            return errors.engine_dead("the engine loop stopped").response()
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app
+
+
+def _v1_router(serving: OpenAIServing, settings: ServerSettings, engine: AsyncEngine) -> APIRouter:
+    router = APIRouter(prefix="/v1", dependencies=[Depends(_api_key_check(settings.api_key))])
+    limit = settings.max_body_bytes
+
+    @router.post("/completions")
+    async def completions(request: HTTPRequest) -> Response:
+        body = await parse_body(request, CompletionRequest, limit)
+        return await create_completion(serving, body, request)
+
+    @router.post("/chat/completions")
+    async def chat_completions(request: HTTPRequest) -> Response:
+        body = await parse_body(request, ChatCompletionRequest, limit)
+        return await create_chat_completion(serving, body, request)
+
+    @router.get("/models")
+    async def models() -> JSONResponse:
+        card = ModelCard(id=settings.served_model_name, root=settings.model_root, max_model_len=engine.max_model_len)
+        return JSONResponse(dump(ModelList(data=[card])))
+
+    return router
+
+
+def _api_key_check(api_key: str | None) -> Callable[[HTTPRequest], Awaitable[None]]:
+    expected = f"Bearer {api_key}".encode() if api_key else None
+
+    async def check(request: HTTPRequest) -> None:
+        if expected is None:
+            return
+        given = request.headers.get("authorization", "").encode("latin-1", errors="replace")
+        if not hmac.compare_digest(given, expected):
+            raise errors.invalid_api_key()
+
+    return check
+
+
+async def read_limited(request: HTTPRequest, limit: int) -> bytes:
+    """The body, or 413 when it is longer than `limit` bytes."""
+    declared = request.headers.get("content-length", "")
+    too_large = declared.isdigit() and int(declared) > limit
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            too_large = True
+        if size > limit * _DRAIN_FACTOR:
+            break  # stop reading: the connection closes with the 413
+        if not too_large:
+            chunks.append(chunk)
+    if too_large:
+        raise errors.body_too_large(limit)
+    return b"".join(chunks)
+
+
+async def parse_body(request: HTTPRequest, model: type[Model], limit: int) -> Model:
+    """Read, decode and validate a JSON body; every failure is a 4xx with an OpenAI error body."""
+    raw = await read_limited(request, limit)
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise errors.bad_request(f"the request body is not valid JSON: {err}") from err
+    if not isinstance(data, dict):
+        raise errors.bad_request(f"the request body must be a JSON object, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise errors.from_pydantic_errors(err.errors(include_url=False)) from err
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(errors.APIError)
+    async def api_error(_: HTTPRequest, err: errors.APIError) -> JSONResponse:
+        return err.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: HTTPRequest, err: RequestValidationError) -> JSONResponse:
+        return errors.from_pydantic_errors(list(err.errors())).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: HTTPRequest, err: StarletteHTTPException) -> JSONResponse:
+        return errors.APIError(err.status_code, str(err.detail)).response(err.headers)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: HTTPRequest, err: Exception) -> JSONResponse:
+        logger.exception("unhandled error in a request handler")
+        return errors.APIError(500, f"internal server error: {err!r}", type="server_error").response()

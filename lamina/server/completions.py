@@ -1,0 +1,127 @@
+"""POST /v1/completions: a prompt (or a batch of them) in, OpenAI text completions out."""
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import Request as HTTPRequest
+
+from lamina.outputs import CompletionOutput, RequestOutput, SampleLogprobs
+from lamina.server import errors
+from lamina.server.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
+                                    dump)
+from lamina.server.serving import (SSE_DONE, ChoiceCursor, ClientDisconnected, EngineStreamingResponse,
+                                   OpenAIServing, Submitted, finite, merge, sse, sse_error, token_text, top_entries,
+                                   usage_of)
+
+FIELDS = frozenset(CompletionRequest.model_fields)
+ALIASES = {"prompt_token_ids": "prompt"}
+
+
+@dataclass
+class _Context:
+    request_id: str
+    model: str
+    n: int
+    logprobs: int | None
+    echo: bool
+    include_usage: bool
+    tokenizer: object | None
+
+
+async def create_completion(serving: OpenAIServing, body: CompletionRequest, http: HTTPRequest) -> Response:
+    serving.check_model(body.model)
+    serving.check_n(body.n)
+    params = serving.sampling_params(body.to_sampling_params, FIELDS, ALIASES)
+    try:
+        prompts = body.prompts()
+    except ValueError as err:
+        raise errors.from_value_error(err, FIELDS, ALIASES) from err
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    batch = [(f"{request_id}-{i}", serving.process(p, params, f"{request_id}-{i}", FIELDS, ALIASES))
+             for i, p in enumerate(prompts)]
+    submitted = serving.submit(batch, params.n)
+    ctx = _Context(request_id, body.model or serving.settings.served_model_name, params.n, body.logprobs,
+                   body.echo, body.include_usage(), serving.engine.tokenizer)
+    if body.stream:
+        return EngineStreamingResponse(_stream(ctx, submitted), submitted)
+    try:
+        outputs = await serving.collect(submitted, http)
+    except ClientDisconnected:
+        return Response(status_code=499)
+    choices = [_choice(ctx, i * ctx.n + c.index, out, c) for i, out in enumerate(outputs) for c in out.outputs]
+    response = CompletionResponse(id=request_id, model=ctx.model, choices=choices, usage=usage_of(outputs))
+    return JSONResponse(dump(response))
+
+
+def _prompt_text(ctx: _Context, output: RequestOutput) -> str:
+    if output.prompt is not None:
+        return output.prompt
+    return ctx.tokenizer.decode(output.prompt_token_ids) if ctx.tokenizer is not None else ""
+
+
+def _choice(ctx: _Context, index: int, output: RequestOutput, completion: CompletionOutput) -> CompletionChoice:
+    text = _prompt_text(ctx, output) + completion.text if ctx.echo else completion.text
+    logprobs = None
+    if ctx.logprobs is not None and completion.logprobs is not None:
+        logprobs = completion_logprobs(completion.logprobs, completion.token_ids, ctx.logprobs, 0)
+    return CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=completion.finish_reason,
+                            stop_reason=completion.stop_reason)
+
+
+def completion_logprobs(entries: SampleLogprobs, token_ids: list[int], num_top: int,
+                        offset: int) -> CompletionLogprobs:
+    """OpenAI's legacy logprobs object for the given tokens; text offsets start at `offset`."""
+    result = CompletionLogprobs()
+    for token_id, entry in zip(token_ids, entries):
+        chosen = entry.get(token_id)
+        text = token_text(chosen, token_id)
+        result.tokens.append(text)
+        result.token_logprobs.append(finite(chosen.logprob) if chosen is not None else None)
+        result.text_offset.append(offset)
+        offset += len(text)
+        result.top_logprobs.append({token_text(lp, tid): finite(lp.logprob) for tid, lp in top_entries(entry, num_top)})
+    return result
+
+
+async def _stream(ctx: _Context, submitted: Submitted) -> AsyncIterator[str]:
+    cursors: dict[int, ChoiceCursor] = {}
+    finals: list[RequestOutput] = []
+    try:
+        async with aclosing(merge(submitted.streams)) as outputs:
+            async for prompt_index, output in outputs:
+                for completion in output.outputs:
+                    index = prompt_index * ctx.n + completion.index
+                    chunk = _chunk(ctx, index, output, completion, cursors.setdefault(index, ChoiceCursor()))
+                    if chunk is not None:
+                        yield sse(chunk)
+                if output.finished:
+                    finals.append(output)
+        if ctx.include_usage:
+            usage = CompletionResponse(id=ctx.request_id, model=ctx.model, choices=[], usage=usage_of(finals))
+            yield sse(dump(usage))
+    except Exception as err:  # noqa: BLE001 - reported to the client as an error event
+        yield sse_error(err)
+    yield SSE_DONE
+
+
+def _chunk(ctx: _Context, index: int, output: RequestOutput, completion: CompletionOutput,
+           cursor: ChoiceCursor) -> dict | None:
+    step = cursor.advance(completion)
+    if step is None:
+        return None
+    text, start, end = step
+    if ctx.echo and not cursor.started:
+        text = _prompt_text(ctx, output) + text
+    cursor.started = True
+    logprobs = None
+    if ctx.logprobs is not None and completion.logprobs is not None:
+        logprobs = completion_logprobs(completion.logprobs[start:end], completion.token_ids[start:end],
+                                       ctx.logprobs, cursor.text_offset)
+        cursor.text_offset += sum(len(t) for t in logprobs.tokens)
+    choice = CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=completion.finish_reason,
+                              stop_reason=completion.stop_reason)
+    return dump(CompletionResponse(id=ctx.request_id, model=ctx.model, choices=[choice]))

@@ -1,0 +1,86 @@
+"""OpenAI error bodies: {"error": {"message", "type", "param", "code"}}.
+
+Engine validation raises ValueError whose message starts with the field it is about ("temperature must be
+...", "prompt_token_ids[3]: ..."); `from_value_error` turns that leading name into the error's `param`.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping
+
+from fastapi.responses import JSONResponse
+
+INVALID_REQUEST = "invalid_request_error"
+
+_LEADING_NAME = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)")
+
+
+class APIError(Exception):
+    """An error the client gets as an OpenAI error body with this HTTP status."""
+
+    def __init__(self, status: int, message: str, type: str = INVALID_REQUEST, param: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self, headers: Mapping[str, str] | None = None) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=dict(headers or {}))
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def model_not_found(model: str) -> APIError:
+    return APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+
+
+def invalid_api_key() -> APIError:
+    return APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
+                    param=None, code="invalid_api_key")
+
+
+def queue_full(max_queue: int) -> APIError:
+    return APIError(429, f"The server is overloaded: the waiting queue is at its limit of {max_queue} "
+                    "requests (--max-queue). Retry later.", type="rate_limit_error", code="rate_limit_exceeded")
+
+
+def body_too_large(limit: int) -> APIError:
+    return APIError(413, f"The request body is larger than the limit of {limit} bytes.",
+                    code="request_too_large")
+
+
+def engine_dead(message: str) -> APIError:
+    return APIError(503, f"The engine is not available: {message}", type="server_error",
+                    code="engine_unavailable")
+
+
+def param_from_message(message: str, fields: Collection[str], aliases: Mapping[str, str]) -> str | None:
+    """The request field a validation message is about: its leading name, if it is a known field."""
+    match = _LEADING_NAME.match(message)
+    if match is None:
+        return None
+    name = aliases.get(match.group(1), match.group(1))
+    return name if name in fields else None
+
+
+def from_value_error(err: ValueError, fields: Collection[str],
+                     aliases: Mapping[str, str] | None = None) -> APIError:
+    """A 400 for an engine validation error, `param` set to the field its message names."""
+    message = str(err)
+    return bad_request(message, param_from_message(message, fields, aliases or {}))
+
+
+def from_pydantic_errors(errors: list[dict]) -> APIError:
+    """A 400 for the first pydantic validation error; `param` is the top-level field it is about."""
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    where = f"{'.'.join(loc)}: " if loc else ""
+    return bad_request(f"{where}{first.get('msg', 'invalid value')}", param=loc[0] if loc else None)

@@ -1,0 +1,251 @@
+"""What /v1/completions and /v1/chat/completions share: validation, admission, running and streaming.
+
+    handler: parse -> check model -> SamplingParams -> engine.process (tokenize, validate)
+             -> context-length check -> admission (429) -> engine.submit -> collect | stream SSE
+
+Everything before submit raises APIError (a 4xx); nothing reaches the engine until a request is valid.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from lamina.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
+from lamina.engine.input_processor import PromptType
+from lamina.engine.request import Request
+from lamina.outputs import CompletionOutput, Logprob, RequestOutput
+from lamina.sampling_params import SamplingParams
+from lamina.server import errors
+from lamina.server.protocol import UsageInfo
+from lamina.server.settings import ServerSettings
+
+
+class ClientDisconnected(Exception):
+    """The client went away before a non-streaming response was ready (its request was aborted)."""
+
+
+@dataclass
+class Submitted:
+    """The engine streams of one HTTP request: one per prompt of a batch."""
+
+    streams: list[RequestStream]
+    n: int
+
+    def close(self) -> None:
+        """Abort whatever has not finished (idempotent): the response is over, read or not."""
+        for stream in self.streams:
+            stream.close()
+
+
+class EngineStreamingResponse(StreamingResponse):
+    """A server-sent event stream that aborts its requests however it ends, even when the client leaves
+    before the body generator ever started (then the generator's own cleanup never runs)."""
+
+    def __init__(self, content: AsyncIterator[str], submitted: Submitted) -> None:
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._submitted = submitted
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._submitted.close()
+
+
+class OpenAIServing:
+    """The request pipeline both POST endpoints run (see the module docstring)."""
+
+    def __init__(self, engine: AsyncEngine, settings: ServerSettings) -> None:
+        self.engine = engine
+        self.settings = settings
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.settings.served_model_name:
+            raise errors.model_not_found(model)
+
+    def check_n(self, n: int) -> None:
+        if isinstance(n, int) and n > self.settings.max_n:
+            raise errors.bad_request(f"n: {n} is above the limit of {self.settings.max_n} (--max-n)", param="n")
+
+    @staticmethod
+    def sampling_params(make: Callable[[], SamplingParams], fields: Collection[str],
+                        aliases: Mapping[str, str] | None = None) -> SamplingParams:
+        try:
+            return make()
+        except ValueError as err:
+            raise errors.from_value_error(err, fields, aliases) from err
+
+    def process(self, prompt: PromptType, params: SamplingParams, request_id: str, fields: Collection[str],
+                aliases: Mapping[str, str] | None = None) -> list[Request]:
+        """Tokenize and validate one prompt; a ValueError becomes a 400 naming the field."""
+        try:
+            requests = self.engine.process(prompt, params, request_id)
+        except ValueError as err:
+            api_error = errors.from_value_error(err, fields, aliases)
+            if "max_model_len" in api_error.message:
+                api_error.code = "context_length_exceeded"
+            raise api_error from err
+        self._check_context(len(requests[0].prompt_token_ids), params.max_tokens)
+        return requests
+
+    def _check_context(self, num_prompt_tokens: int, max_tokens: int | None) -> None:
+        limit = self.engine.max_model_len
+        if max_tokens is not None and num_prompt_tokens + max_tokens > limit:
+            raise errors.bad_request(
+                f"max_tokens: this model's maximum context length is {limit} tokens; the request asks for "
+                f"{num_prompt_tokens + max_tokens} ({num_prompt_tokens} in the prompt, {max_tokens} in the "
+                f"completion). Lower max_tokens (at most {limit - num_prompt_tokens}) or leave it unset.",
+                param="max_tokens", code="context_length_exceeded")
+
+    def admit(self, num_seqs: int) -> None:
+        """429 when this request would make the waiting queue longer than max_queue."""
+        limit = self.settings.max_queue
+        if limit is None:
+            return
+        over_capacity = self.engine.num_inflight_seqs + num_seqs - self.engine.max_num_seqs
+        if max(over_capacity, self.engine.get_stats().num_waiting) > limit:
+            raise errors.queue_full(limit)
+
+    def submit(self, batch: list[tuple[str, list[Request]]], n: int) -> Submitted:
+        self.admit(sum(len(requests) for _, requests in batch))
+        submitted = Submitted([], n)
+        try:
+            for request_id, requests in batch:
+                submitted.streams.append(self.engine.submit(request_id, requests))
+        except EngineDeadError as err:
+            submitted.close()
+            raise errors.engine_dead(str(err)) from err
+        return submitted
+
+    async def collect(self, submitted: Submitted, http: HTTPRequest) -> list[RequestOutput]:
+        """The final output of every prompt; aborts them all if the client disconnects first."""
+        finals: list[RequestOutput | None] = [None] * len(submitted.streams)
+
+        async def run() -> None:
+            async with aclosing(merge(submitted.streams)) as outputs:
+                async for index, output in outputs:
+                    finals[index] = output
+
+        work = asyncio.ensure_future(run())
+        watch = asyncio.ensure_future(wait_for_disconnect(http))
+        try:
+            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (work, watch):
+                task.cancel()
+            await asyncio.gather(work, watch, return_exceptions=True)
+            submitted.close()  # `work` may have been cancelled before it ever ran
+        if not work.done() or work.cancelled():
+            raise ClientDisconnected()
+        if work.exception() is not None:
+            raise _as_api_error(work.exception())
+        return [f for f in finals if f is not None]
+
+
+async def wait_for_disconnect(http: HTTPRequest) -> None:
+    """Return when the client closes the connection (the body has been read already)."""
+    while True:
+        message = await http.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(stream index, output) from several streams as they arrive; closes (aborts) all of them at the end."""
+    pending = {asyncio.ensure_future(s.__anext__()): i for i, s in enumerate(streams)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                index = pending.pop(task)
+                try:
+                    output = task.result()
+                except StopAsyncIteration:
+                    continue
+                yield index, output
+                pending[asyncio.ensure_future(streams[index].__anext__())] = index
+    finally:
+        for task in pending:
+            task.cancel()
+        for stream in streams:
+            stream.close()
+
+
+def _as_api_error(err: BaseException) -> BaseException:
+    if isinstance(err, EngineDeadError):
+        return errors.engine_dead(str(err))
+    if isinstance(err, ValueError):
+        return errors.bad_request(str(err))
+    return err
+
+
+def usage_of(outputs: list[RequestOutput]) -> UsageInfo:
+    prompt = sum(len(o.prompt_token_ids) for o in outputs)
+    completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+def sse(data: dict | str) -> str:
+    """One server-sent event."""
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"data: {payload}\n\n"
+
+
+def sse_error(err: BaseException) -> str:
+    api_error = _as_api_error(err)
+    if not isinstance(api_error, errors.APIError):
+        api_error = errors.APIError(500, f"internal error: {err!r}", type="server_error")
+    return sse(api_error.body())
+
+
+SSE_DONE = sse("[DONE]")
+
+
+@dataclass
+class ChoiceCursor:
+    """How much of one choice's cumulative output has been streamed."""
+
+    text_len: int = 0
+    num_tokens: int = 0
+    text_offset: int = 0  # completions logprobs: characters of token text sent so far
+    started: bool = False
+    finished: bool = False
+
+    def advance(self, completion: CompletionOutput) -> tuple[str, int, int] | None:
+        """New text and the token range [start, end) since the last chunk; None when nothing is new.
+
+        The cumulative text only grows (while running it holds back what a stop string may cut), so
+        the delta is its new suffix; tokens whose text is held back ride along with a later chunk.
+        """
+        if self.finished:
+            return None
+        delta = completion.text[self.text_len:]
+        finished = completion.finish_reason is not None
+        if not delta and not finished:
+            return None
+        start = self.num_tokens
+        self.text_len, self.num_tokens, self.finished = len(completion.text), len(completion.token_ids), finished
+        return delta, start, self.num_tokens
+
+
+def token_text(logprob: Logprob | None, token_id: int) -> str:
+    if logprob is not None and logprob.decoded_token is not None:
+        return logprob.decoded_token
+    return f"token_id:{token_id}"
+
+
+def finite(logprob: float | None) -> float:
+    """A logprob JSON can carry: -inf (and a missing value) become -9999.0, as vLLM does."""
+    return -9999.0 if logprob is None or logprob != logprob else max(logprob, -9999.0)
+
+
+def top_entries(entry: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]:
+    """The k most likely tokens of one position, best first."""
+    return sorted(entry.items(), key=lambda item: item[1].rank)[:k]

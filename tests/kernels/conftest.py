@@ -1,0 +1,61 @@
+"""Kernel tests run the Triton kernels on CPU tensors through Triton's interpreter.
+
+TRITON_INTERPRET must be set before `triton.jit` decorates anything (the decorator picks the
+interpreter at decoration time), so it is set here, before any test module imports the kernels.
+Each test module starts with `pytest.importorskip("triton")`: without triton it is skipped, with reason.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+
+def _fix_interpreter_scalar_index() -> None:
+    """triton 3.6's interpreter converts its shape-(1,) scalars with int(array), which numpy >= 2.4
+    rejects, so any `range(lo, hi)` with runtime bounds fails. Same fix as triton-lang/triton#9172."""
+    try:
+        import numpy as np
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    try:
+        int(np.zeros(1))
+        return  # older numpy: nothing to fix
+    except TypeError:
+        pass
+    original = interpreter._patch_lang_tensor
+
+    def patch_lang_tensor(tensor, scope) -> None:  # noqa: ANN001 - interpreter internals
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patch_lang_tensor
+
+
+def _fix_interpreter_bf16_dot() -> None:
+    """The interpreter stores bfloat16 as uint16 bit patterns and its tl.dot multiplies those bits
+    (triton-lang/triton#11584; upstream: bf16 is unsupported under the interpreter). Convert bf16
+    operands to float32 first — what the tensor cores compute (exact products, fp32 accumulation)."""
+    try:
+        import numpy as np
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    original = interpreter.InterpreterBuilder.create_dot
+
+    def to_fp32(x):  # noqa: ANN001, ANN202 - interpreter internals
+        if x.dtype != tl.bfloat16:
+            return x
+        data = interpreter._convert_float(x.data, tl.bfloat16, tl.float32, None).view(np.float32)
+        return interpreter.TensorHandle(data, tl.float32)
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):  # noqa: ANN001, ANN202
+        return original(self, to_fp32(a), to_fp32(b), d, input_precision, max_num_imprecise_acc)
+
+    interpreter.InterpreterBuilder.create_dot = create_dot
+
+
+_fix_interpreter_scalar_index()
+_fix_interpreter_bf16_dot()
