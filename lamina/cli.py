@@ -139,7 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _register_optional(sub: argparse._SubParsersAction) -> None:
     from lamina.bench.cli import register as register_bench
     from lamina.distill.cli import register as register_distill
+    from lamina.server.cli import register as register_serve
 
+    register_serve(sub)
     register_bench(sub)
     register_distill(sub)
 
