@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -18,9 +19,8 @@ class RMSNorm(nn.Module):
         self.variance_epsilon = eps
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return self.weight * x32.to(x.dtype)
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.variance_epsilon)
+        return self.weight * (normed if x.dtype == torch.float32 else normed.to(x.dtype))
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:

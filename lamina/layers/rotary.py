@@ -72,31 +72,37 @@ def compute_inv_freq(rotary_dim: int, base: float, rope_scaling: dict[str, Any] 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.float().chunk(2, dim=-1)
     out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return out.to(x.dtype)
+    return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
 class RotaryEmbedding(nn.Module):
-    """Applies RoPE to q and k of a flat batch: q [T, num_heads * head_dim] (or [T, heads, head_dim])."""
+    """Applies RoPE to q and k of a flat batch: q [T, num_heads * head_dim] (or [T, heads, head_dim]).
+
+    cos and sin of every position up to max_position_embeddings are tabulated once (float32,
+    [max_pos, head_dim]: cos | sin), so a forward is one row gather; one instance serves all layers.
+    """
 
     def __init__(self, head_dim: int, base: float, max_position_embeddings: int,
                  rope_scaling: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.head_dim = head_dim
         inv_freq = compute_inv_freq(head_dim, base, rope_scaling, max_position_embeddings)
+        freqs = torch.arange(max_position_embeddings, dtype=torch.float32)[:, None] * inv_freq[None, :]
         # float32 whatever the model dtype; not in the state dict (HF's is not loaded either).
         self.register_buffer("inv_freq", inv_freq.to(torch.float32), persistent=False)
+        self.register_buffer("cos_sin_cache", torch.cat((freqs.cos(), freqs.sin()), dim=-1), persistent=False)
 
     def _apply(self, fn: Any, recurse: bool = True) -> RotaryEmbedding:
-        # Keep inv_freq in float32 when the module is cast with .to(dtype) / .half().
-        inv_freq = self.inv_freq
+        # Keep the tables in float32 when the module is cast with .to(dtype) / .half().
+        tables = {name: getattr(self, name) for name in ("inv_freq", "cos_sin_cache")}
         super()._apply(fn, recurse)
-        self.inv_freq = inv_freq.to(device=self.inv_freq.device, dtype=torch.float32)
+        for name, table in tables.items():
+            setattr(self, name, table.to(device=getattr(self, name).device, dtype=torch.float32))
         return self
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]  # [T, head_dim / 2]
-        cos, sin = freqs.cos()[:, None, :], freqs.sin()[:, None, :]  # broadcast over heads
+        cos, sin = self.cos_sin_cache.index_select(0, positions)[:, None, :].chunk(2, dim=-1)
         q_shape, k_shape = q.shape, k.shape
         q = _rotate(q.view(q.shape[0], -1, self.head_dim), cos, sin)
         k = _rotate(k.view(k.shape[0], -1, self.head_dim), cos, sin)

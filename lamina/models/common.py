@@ -32,7 +32,7 @@ class DecoderAttention(nn.Module):
     """Fused qkv projection (+ optional bias, optional per-head q/k RMSNorm), RoPE, paged attention."""
 
     def __init__(self, arch: ModelArch, qkv_bias: bool, o_bias: bool, qk_norm: bool,
-                 backend: AttentionBackend | None) -> None:
+                 backend: AttentionBackend | None, rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
         head_dim = arch.head_dim
         self.qkv_proj = QKVParallelLinear(arch.hidden_size, head_dim, arch.num_attention_heads,
@@ -43,8 +43,7 @@ class DecoderAttention(nn.Module):
         self.o_proj = RowParallelLinear(arch.num_attention_heads * head_dim, arch.hidden_size, bias=o_bias)
         self.q_norm = RMSNorm(head_dim, arch.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(head_dim, arch.rms_norm_eps) if qk_norm else None
-        self.rotary_emb = RotaryEmbedding(head_dim, arch.rope_theta, arch.max_position_embeddings,
-                                          arch.rope_scaling)
+        self.rotary_emb = rotary_emb  # one table shared by every layer
         self.attn = Attention(self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, head_dim,
                               scale=head_dim ** -0.5, backend=backend)
 
@@ -125,7 +124,8 @@ class CausalLM(nn.Module):
         self.arch = arch
         qkv_bias = arch.attention_bias if self.qkv_bias is None else self.qkv_bias
         o_bias = arch.attention_bias if self.o_proj_bias is None else self.o_proj_bias
-        layers = [DecoderLayer(arch, DecoderAttention(arch, qkv_bias, o_bias, self.qk_norm, attn_backend))
+        rotary = RotaryEmbedding(arch.head_dim, arch.rope_theta, arch.max_position_embeddings, arch.rope_scaling)
+        layers = [DecoderLayer(arch, DecoderAttention(arch, qkv_bias, o_bias, self.qk_norm, attn_backend, rotary))
                   for _ in range(arch.num_hidden_layers)]
         self.model = DecoderModel(arch, layers)
         tied = self.model.embed_tokens if arch.tie_word_embeddings else None
