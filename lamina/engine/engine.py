@@ -45,9 +45,9 @@ class LLMEngine:
     def _eos_token_ids(self) -> frozenset[int]:
         if self.tokenizer is not None:
             return self.tokenizer.eos_token_ids
-        eos = load_generation_config(self.config.model_config.model).get("eos_token_id", self.arch.eos_token_id)
+        eos = load_generation_config(self.config.model_config.model).get("eos_token_id")
         if eos is None:
-            return frozenset()
+            return frozenset(self.arch.eos_token_ids)
         return frozenset(eos if isinstance(eos, list) else [eos])
 
     def add_request(self, prompt: PromptType, params: SamplingParams | None = None,
