@@ -26,6 +26,7 @@ class RequestMetrics:
     finished_time: float | None = None
     num_cached_tokens: int = 0  # prefix-cache hit at first admission
     num_preemptions: int = 0
+    num_generation_tokens: int = 0
 
     @property
     def ttft(self) -> float | None:
@@ -33,6 +34,13 @@ class RequestMetrics:
         if self.first_token_time is None:
             return None
         return self.first_token_time - self.arrival_time
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean time per output token after the first (None until two tokens exist)."""
+        if self.first_token_time is None or self.last_token_time is None or self.num_generation_tokens < 2:
+            return None
+        return (self.last_token_time - self.first_token_time) / (self.num_generation_tokens - 1)
 
 
 @dataclass

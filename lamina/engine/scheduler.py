@@ -180,9 +180,11 @@ class Scheduler:
             if status is not None:
                 request.status = status
                 break
-        if request.metrics.first_token_time is None:
-            request.metrics.first_token_time = now
-        request.metrics.last_token_time = now
+        metrics = request.metrics
+        if metrics.first_token_time is None:
+            metrics.first_token_time = now
+        metrics.last_token_time = now
+        metrics.num_generation_tokens = request.num_output_tokens
 
     def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
         params = request.sampling_params

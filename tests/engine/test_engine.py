@@ -75,3 +75,5 @@ def test_statistics_follow_the_run(engine):
     for out in last.values():
         m = out.metrics
         assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time
+        assert m.num_generation_tokens == 3 and m.tpot is not None and m.tpot >= 0
+        assert m.ttft == m.first_token_time - m.arrival_time
