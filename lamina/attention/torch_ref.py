@@ -24,11 +24,12 @@ from lamina.attention.metadata import AttentionMetadata
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Write k, v [T, num_kv_heads, head_dim] into the caches at `slot_mapping` [T]; slot -1 is skipped."""
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep]
+    if slot_mapping.numel() and int(slot_mapping.min()) < 0:  # padding rows: drop them first
+        keep = slot_mapping >= 0
+        k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    k_cache.view(-1, num_kv_heads, head_dim)[slots] = k[keep].to(k_cache.dtype)
-    v_cache.view(-1, num_kv_heads, head_dim)[slots] = v[keep].to(v_cache.dtype)
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, num_tokens: int) -> torch.Tensor:
@@ -80,9 +81,12 @@ def _decode_batch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     metadata: AttentionMetadata, scale: float) -> torch.Tensor:
     """Causal attention of q [T, num_heads, head_dim] over the paged cache -> [T, num_heads, head_dim]."""
-    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     starts, seq_lens = metadata.query_start_loc_cpu, metadata.seq_lens_cpu
     decode = [i for i in range(metadata.num_seqs) if starts[i + 1] - starts[i] == 1]
+    if len(decode) == metadata.num_seqs:  # a pure decode batch: no scatter into rows needed
+        out = _decode_batch(q, k_cache, v_cache, metadata.block_tables, metadata.seq_lens, scale)
+        return out.to(q.dtype)
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     if decode:
         rows = torch.tensor([starts[i] for i in decode], device=q.device)
         index = torch.tensor(decode, device=metadata.block_tables.device)
