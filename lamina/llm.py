@@ -19,6 +19,7 @@ class LLM:
     """Load a local HF model directory and generate from batches of prompts.
 
         llm = LLM(model="path/to/model")
+        llm = LLM(model="path/to/config.json", load_format="dummy", skip_tokenizer_init=True)  # random weights
         outputs = llm.generate(["def fib(n):"], SamplingParams(max_tokens=32, temperature=0))
     """
 
@@ -27,17 +28,21 @@ class LLM:
                  kv_cache_memory_bytes: int | None = None, max_num_batched_tokens: int = 2048,
                  max_num_seqs: int = 128, enable_prefix_caching: bool = True, seed: int = 0,
                  skip_tokenizer_init: bool = False, tokenizer: str | None = None, max_logprobs: int = 20,
-                 attention_backend: str = "auto") -> None:
+                 attention_backend: str = "auto", load_format: str = "auto",
+                 gpu_memory_utilization: float = 0.9, enforce_eager: bool = False,
+                 cuda_graph_max_batch_size: int = 256) -> None:
         config = EngineConfig(
             model_config=ModelConfig(model=model, dtype=dtype, max_model_len=max_model_len, seed=seed,
                                      skip_tokenizer_init=skip_tokenizer_init, tokenizer=tokenizer,
-                                     max_logprobs=max_logprobs),
+                                     max_logprobs=max_logprobs, load_format=load_format),
             cache_config=CacheConfig(block_size=block_size, num_kv_blocks=num_kv_blocks,
                                      kv_cache_memory_bytes=kv_cache_memory_bytes,
-                                     enable_prefix_caching=enable_prefix_caching),
+                                     enable_prefix_caching=enable_prefix_caching,
+                                     gpu_memory_utilization=gpu_memory_utilization),
             scheduler_config=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens,
                                              max_num_seqs=max_num_seqs),
-            device=device, attention_backend=attention_backend)
+            device=device, attention_backend=attention_backend, enforce_eager=enforce_eager,
+            cuda_graph_max_batch_size=cuda_graph_max_batch_size)
         self.engine = LLMEngine(config)
 
     def get_tokenizer(self):  # noqa: ANN201 - Tokenizer | None

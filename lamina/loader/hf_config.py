@@ -118,11 +118,24 @@ def _check_supported(raw: dict[str, Any], config_path: Path) -> str:
     return archs[0]
 
 
-def load_model_arch(model_dir: str) -> ModelArch:
-    """Parse `model_dir/config.json`; ValueError for a bad path, unsupported model or missing field."""
-    config_path = _model_dir(model_dir) / "config.json"
+def _config_path(model: str) -> Path:
+    """`model/config.json` for a model directory, or `model` itself when it is a `.json` file
+    (a bare config, for load_format="dummy")."""
+    path = Path(model)
+    if path.suffix == ".json":
+        if not path.is_file():
+            raise ValueError(f"model: config file {model!r} does not exist")
+        return path
+    config_path = _model_dir(model) / "config.json"
     if not config_path.is_file():
-        raise ValueError(f"model: no config.json in {model_dir!r} (expected a HF model directory)")
+        raise ValueError(f"model: no config.json in {model!r} (expected a HF model directory)")
+    return config_path
+
+
+def load_model_arch(model_dir: str) -> ModelArch:
+    """Parse `model_dir/config.json` (or `model_dir` itself when it is a .json file); ValueError for
+    a bad path, unsupported model or missing field."""
+    config_path = _config_path(model_dir)
     raw = _read_json(config_path)
     architecture = _check_supported(raw, config_path)
     heads = int(raw["num_attention_heads"])
@@ -154,7 +167,10 @@ def load_model_arch(model_dir: str) -> ModelArch:
 
 
 def load_generation_config(model_dir: str) -> dict[str, Any]:
-    """`generation_config.json` as a dict, or {} when the directory has none."""
+    """`generation_config.json` as a dict, or {} when the directory has none (or `model_dir` is a
+    bare config .json file)."""
+    if Path(model_dir).suffix == ".json" and Path(model_dir).is_file():
+        return {}
     path = _model_dir(model_dir) / "generation_config.json"
     return _read_json(path) if path.is_file() else {}
 

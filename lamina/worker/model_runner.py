@@ -7,7 +7,8 @@ from lamina.attention.metadata import set_attention_metadata
 from lamina.engine.interfaces import ModelRunnerOutput, SchedulerOutput
 from lamina.engine.request import Request
 from lamina.layers.sampler import Sampler, SamplerOutput, SamplingMetadata, to_logprob_dicts
-from lamina.worker.input_batch import build_input_batch
+from lamina.worker.cuda_graphs import CudaGraphRunner
+from lamina.worker.input_batch import InputBatch, build_input_batch
 
 
 class ModelRunner:
@@ -19,6 +20,7 @@ class ModelRunner:
         self.device = device
         self.sampler = Sampler(generator=torch.Generator(device).manual_seed(seed))
         self._generators: dict[str, torch.Generator] = {}
+        self.graphs: CudaGraphRunner | None = None  # set by the Worker when decode steps are captured
 
     @torch.inference_mode()
     def execute(self, scheduled: SchedulerOutput) -> ModelRunnerOutput:
@@ -27,12 +29,18 @@ class ModelRunner:
         if scheduled.is_empty:
             return ModelRunnerOutput(sampled_token_ids={})
         batch = build_input_batch(scheduled, self.block_size, self.device)
-        with set_attention_metadata(batch.attn_metadata):
-            hidden = self.model(batch.input_ids, batch.positions)
+        hidden = self._forward(batch)
         if not batch.sampling_requests:
             return ModelRunnerOutput(sampled_token_ids={})
         logits = self.model.compute_logits(hidden[batch.logits_indices])
         return self._sample(logits, batch.sampling_requests)
+
+    def _forward(self, batch: InputBatch) -> torch.Tensor:
+        """Decode-only batches replay a captured graph when there is one; the rest run eagerly."""
+        if self.graphs is not None and self.graphs.can_run(batch):
+            return self.graphs.run(batch)
+        with set_attention_metadata(batch.attn_metadata):
+            return self.model(batch.input_ids, batch.positions)
 
     def _sample(self, logits: torch.Tensor, requests: list[Request]) -> ModelRunnerOutput:
         metadata = SamplingMetadata.from_requests(requests, self._generators_for(requests),

@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
 from lamina.config import DEFAULT_CPU_KV_BYTES, EngineConfig
 from lamina.engine.interfaces import ModelRunnerOutput, SchedulerOutput
-from lamina.kv.cache import allocate_kv_caches, bind_kv_caches, kv_cache_bytes_per_block
+from lamina.kv.cache import allocate_kv_caches, attention_layers, bind_kv_caches, kv_cache_bytes_per_block
 from lamina.loader.hf_config import ModelArch, check_model_len
 from lamina.loader.model_loader import load_model
+from lamina.worker.cuda_graphs import CudaGraphRunner, graph_decision
+from lamina.worker.kv_sizing import blocks_for_utilization, profile_peak_bytes
 from lamina.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -42,6 +45,7 @@ class Worker:
         self.dtype = resolve_dtype(config.model_config.dtype, arch, self.device)
         cache = config.cache_config
         self.model = load_model(config.model_config.model, arch, self.dtype, self.device,
+                                load_format=config.model_config.load_format,
                                 attention_backend=config.attention_backend)
         self.num_blocks = self._num_kv_blocks()
         self.kv_capacity_tokens = (self.num_blocks - 1) * cache.block_size
@@ -54,11 +58,14 @@ class Worker:
                     self.dtype, self.device)
         self.runner = ModelRunner(self.model, cache.block_size, arch.vocab_size, self.device,
                                   config.model_config.seed)
+        self.runner.graphs = self._capture_graphs()
 
     def _num_kv_blocks(self) -> int:
         cache = self.config.cache_config
         if cache.num_kv_blocks is not None:
             return cache.num_kv_blocks
+        if self.device.type == "cuda" and cache.kv_cache_memory_bytes is None:
+            return self._num_kv_blocks_from_utilization()
         budget = cache.kv_cache_memory_bytes or DEFAULT_CPU_KV_BYTES
         per_block = kv_cache_bytes_per_block(self.arch, cache.block_size, self.dtype)
         num_blocks = budget // per_block
@@ -66,6 +73,41 @@ class Worker:
             raise ValueError(f"kv_cache_memory_bytes: {budget} bytes hold {num_blocks} KV blocks of "
                              f"{per_block} bytes; at least 2 are needed (block 0 is reserved)")
         return int(num_blocks)
+
+    def _num_kv_blocks_from_utilization(self) -> int:
+        cache, sched = self.config.cache_config, self.config.scheduler_config
+        peak = profile_peak_bytes(self.model, self.arch, sched.max_num_batched_tokens, sched.max_num_seqs,
+                                  cache.block_size, self.dtype, self.device)
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        per_block = kv_cache_bytes_per_block(self.arch, cache.block_size, self.dtype)
+        num_blocks = blocks_for_utilization(total, cache.gpu_memory_utilization, peak, per_block)
+        logger.info("GPU memory: %.2f GiB total x %.2f utilization, %.2f GiB peak of weights + a %d-token "
+                    "warm-up step -> %d KV blocks", total / 2**30, cache.gpu_memory_utilization, peak / 2**30,
+                    sched.max_num_batched_tokens, num_blocks)
+        return num_blocks
+
+    def _capture_graphs(self) -> CudaGraphRunner | None:
+        """Capture decode steps on CUDA with the Triton kernels (unless enforce_eager); None: eager."""
+        backend = attention_layers(self.model)[0].backend
+        capture, why = graph_decision(self.device, self.config.enforce_eager, backend.name,
+                                      self._triton_kernels_supported(backend.name))
+        logger.info("decode steps: %s", why)
+        if not capture:
+            return None
+        max_batch = min(self.config.cuda_graph_max_batch_size, self.config.scheduler_config.max_num_seqs)
+        graphs = CudaGraphRunner(self.model, max_batch, self.max_model_len, self.config.cache_config.block_size,
+                                 self.device)
+        start = time.perf_counter()
+        graphs.capture_all()
+        logger.info("CUDA graphs: %d buckets (1..%d) captured in %.1f s", len(graphs.buckets), max_batch,
+                    time.perf_counter() - start)
+        return graphs
+
+    def _triton_kernels_supported(self, backend_name: str) -> bool:
+        if backend_name != "triton":
+            return False
+        from lamina.attention.triton_backend import supports  # imports triton: only for this backend
+        return supports(self.arch.head_dim, self.dtype)
 
     def _max_model_len(self) -> int:
         asked = self.config.model_config.max_model_len

@@ -1,0 +1,106 @@
+"""CUDA-graph decode: buckets, padding into static buffers, the capture decision, and (on CPU, with
+`EagerGraph` standing in for a CUDA graph and the Triton kernels under the interpreter) that replayed
+decode steps give the eager tokens."""
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import tests.kernels.conftest  # noqa: F401 - TRITON_INTERPRET=1 and the interpreter fixes
+from lamina import LLM, SamplingParams
+from lamina.attention.metadata import AttentionMetadata
+from lamina.worker.cuda_graphs import (CudaGraphRunner, EagerGraph, StaticBuffers, bucket_for, graph_buckets,
+                                       graph_decision, is_decode_only)
+from tests.helpers.tiny_models import make_tiny_model
+
+CUDA = torch.device("cuda")  # a device object only: nothing is allocated on it
+
+
+def test_buckets() -> None:
+    assert graph_buckets(256)[:6] == [1, 2, 4, 8, 16, 24] and graph_buckets(256)[-1] == 256
+    assert graph_buckets(1) == [1] and graph_buckets(8) == [1, 2, 4, 8] and graph_buckets(10) == [1, 2, 4, 8, 10]
+    buckets = graph_buckets(40)
+    assert [bucket_for(n, buckets) for n in (1, 3, 5, 9, 33, 40, 41)] == [1, 4, 8, 16, 40, 40, None]
+
+
+def _decode_batch(tables: list[list[int]], seq_lens: list[int], block_size: int) -> SimpleNamespace:
+    slots = [t[(n - 1) // block_size] * block_size + (n - 1) % block_size for t, n in zip(tables, seq_lens)]
+    width = max(map(len, tables))
+    md = AttentionMetadata(
+        slot_mapping=torch.tensor(slots), query_start_loc=torch.arange(len(tables) + 1, dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
+        max_query_len=1, max_seq_len=max(seq_lens), query_start_loc_cpu=list(range(len(tables) + 1)),
+        seq_lens_cpu=seq_lens)
+    return SimpleNamespace(input_ids=torch.tensor([11, 12, 13][:len(tables)]),
+                           positions=torch.tensor([n - 1 for n in seq_lens]), attn_metadata=md)
+
+
+def test_fill_pads_rows_with_slot_minus_one_and_the_null_block() -> None:
+    buffers = StaticBuffers.allocate(8, 6, torch.device("cpu"))
+    buffers.block_tables.fill_(9)  # stale rows of an earlier, larger batch
+    buffers.seq_lens.fill_(77)
+    batch = _decode_batch([[3, 5], [7], [2, 4, 6]], [20, 9, 33], block_size=16)
+    assert is_decode_only(batch)
+    buffers.fill(batch, bucket=4)
+    assert buffers.input_ids[:4].tolist() == [11, 12, 13, 0]
+    assert buffers.positions[:4].tolist() == [19, 8, 32, 0]
+    assert buffers.slot_mapping[:4].tolist() == [5 * 16 + 3, 7 * 16 + 8, 6 * 16 + 0, -1]
+    assert buffers.seq_lens[:4].tolist() == [20, 9, 33, 1]
+    assert buffers.block_tables[:3, :3].tolist() == [[3, 5, 0], [7, 0, 0], [2, 4, 6]]
+    assert buffers.block_tables[3].tolist() == [0] * 6
+    assert buffers.seq_lens[4:].tolist() == [77] * 4  # rows past the bucket are not touched
+    md = buffers.metadata(4, max_model_len=96)
+    assert (md.max_query_len, md.max_seq_len, md.num_seqs) == (1, 96, 4)
+    assert md.query_start_loc.tolist() == [0, 1, 2, 3, 4] and md.block_tables.shape == (4, 6)
+
+
+def test_graph_decision() -> None:
+    cpu = torch.device("cpu")
+    assert graph_decision(cpu, False, "triton", True) == (False, "eager: device is cpu")
+    assert graph_decision(CUDA, True, "triton", True)[0] is False
+    assert "enforce_eager" in graph_decision(CUDA, True, "triton", True)[1]
+    assert graph_decision(CUDA, False, "torch", False)[0] is False
+    assert graph_decision(CUDA, False, "triton", False)[0] is False
+    assert graph_decision(CUDA, False, "triton", True)[0] is True
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return str(make_tiny_model("qwen3", tmp_path_factory.mktemp("graphs"), hidden_size=64, num_attention_heads=2,
+                               num_key_value_heads=1, head_dim=32, num_hidden_layers=2))
+
+
+def _llm(model_dir: str, **kw: object) -> LLM:
+    return LLM(model=model_dir, skip_tokenizer_init=True, attention_backend="triton", device="cpu",
+               block_size=8, num_kv_blocks=64, max_num_seqs=8, max_model_len=96, **kw)
+
+
+def test_cpu_engine_never_captures(model_dir: str, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="lamina.worker.worker"):
+        llm = _llm(model_dir)
+    assert llm.engine.worker.runner.graphs is None
+    assert "eager: device is cpu" in caplog.text
+    assert _llm(model_dir, enforce_eager=True).engine.worker.runner.graphs is None
+
+
+def test_replayed_decode_steps_equal_eager(model_dir: str) -> None:
+    prompts = [[(5 * i + j) % 256 for j in range(n)] for i, n in enumerate([3, 17, 9, 30, 1])]
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (12, 5, 9, 14, 7)]
+    inputs = [{"prompt_token_ids": p} for p in prompts]
+    eager = _llm(model_dir).generate(inputs, params, use_tqdm=False)
+    llm = _llm(model_dir)
+    worker = llm.engine.worker
+    graphs = CudaGraphRunner(worker.model, 6, worker.max_model_len, 8, torch.device("cpu"), graph_cls=EagerGraph)
+    graphs.capture_all()
+    replays = []
+    original_run = graphs.run
+    graphs.run = lambda batch: replays.append(batch.attn_metadata.num_seqs) or original_run(batch)
+    worker.runner.graphs = graphs
+    out = llm.generate(inputs, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in eager]
+    assert sorted(set(replays)) == [1, 2, 3, 4, 5] and len(replays) >= 10  # 5 rows pad into the 6-bucket
+    llm.engine.check_integrity()
