@@ -5,6 +5,10 @@ For a head vector x = [x1 | x2] (two halves) at position p with frequencies f:
 
 cos/sin are computed from the positions on the fly in float32, exactly as HF does
 (one product position * inv_freq per element), so there is no table to outgrow.
+
+On CUDA (with triton installed) q and k are rotated in place by one Triton kernel
+(`lamina.kernels.fused_ops.rotary_inplace`, same fp32 math); on CPU, or with `use_fused = False`,
+by `_rotate` below, which returns new tensors.
 """
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from lamina.layers.norm import fused_ops_for
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -80,7 +86,10 @@ class RotaryEmbedding(nn.Module):
 
     cos and sin of every position up to max_position_embeddings are tabulated once (float32,
     [max_pos, head_dim]: cos | sin), so a forward is one row gather; one instance serves all layers.
+    On CUDA the fused kernel rotates q and k in place and returns them (unless `use_fused` is False).
     """
+
+    use_fused: bool = True  # False (on an instance or the class): always the PyTorch path
 
     def __init__(self, head_dim: int, base: float, max_position_embeddings: int,
                  rope_scaling: dict[str, Any] | None = None) -> None:
@@ -102,6 +111,10 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        ops = fused_ops_for(q) if self.use_fused and q.dtype == k.dtype else None
+        if ops is not None:
+            ops.rotary_inplace(q, k, self.cos_sin_cache, positions, self.head_dim)
+            return q, k
         cos, sin = self.cos_sin_cache.index_select(0, positions)[:, None, :].chunk(2, dim=-1)
         q_shape, k_shape = q.shape, k.shape
         q = _rotate(q.view(q.shape[0], -1, self.head_dim), cos, sin)

@@ -1,0 +1,197 @@
+"""Fused RMSNorm / RoPE / SiLU-and-mul kernels against the layers' PyTorch (CPU) path, under the interpreter.
+
+The interpreter truncates float32 -> bfloat16 casts, where the GPU (cvt.rn) and PyTorch round to nearest
+even; `_bf16_round_to_nearest` makes it round like the GPU, so bf16 results can be compared tightly.
+Kernel outputs are allocated NaN-filled (`_nan_empty`), so an element a kernel forgets to write fails.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import triton.language as tl  # noqa: E402
+from triton.runtime import interpreter  # noqa: E402
+
+from lamina.kernels import fused_ops  # noqa: E402
+from lamina.layers import activation, norm, rotary  # noqa: E402
+from lamina.layers.activation import SiluAndMul  # noqa: E402
+from lamina.layers.norm import RMSNorm  # noqa: E402
+from lamina.layers.rotary import RotaryEmbedding  # noqa: E402
+
+DTYPES = [torch.float32, torch.bfloat16]
+MAX_POS = 32768
+POSITIONS = [0, 1, 17, 4097, MAX_POS - 1]
+
+
+@pytest.fixture(autouse=True)
+def _bf16_round_to_nearest(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = interpreter.InterpreterBuilder.cast_impl
+
+    def cast_impl(self, src, dst_type):  # noqa: ANN001, ANN202 - interpreter internals
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            data = torch.from_numpy(np.ascontiguousarray(src.data, dtype=np.float32))
+            bits = data.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+            return interpreter.TensorHandle(bits, tl.bfloat16)
+        return original(self, src, dst_type)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "cast_impl", cast_impl)
+
+
+@pytest.fixture(autouse=True)
+def _nan_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def poison(t: torch.Tensor) -> torch.Tensor:
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison(empty(*a, **kw)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poison(empty_like(*a, **kw)))
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """fp32: a few ulps; bf16: about one bf16 ulp (2^-8 relative) of the values' scale."""
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    assert not actual.isnan().any(), "an element was not written"
+    if actual.dtype == torch.float32:
+        torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+    else:
+        scale = expected.float().abs().max().item()
+        torch.testing.assert_close(actual.float(), expected.float(), atol=1e-2 * scale, rtol=1e-2)
+
+
+def _norm_layer(hidden: int, dtype: torch.dtype, seed: int = 0) -> RMSNorm:
+    layer = RMSNorm(hidden, eps=1e-6)
+    layer.weight.data.copy_(1 + 0.3 * torch.randn(hidden, generator=torch.Generator().manual_seed(seed)))
+    return layer.to(dtype)
+
+
+def _randn(*shape: int, dtype: torch.dtype, seed: int = 1, scale: float = 2.0) -> torch.Tensor:
+    return (scale * torch.randn(*shape, generator=torch.Generator().manual_seed(seed))).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [96, 1000])
+def test_rms_norm(dtype: torch.dtype, hidden: int) -> None:
+    layer, x = _norm_layer(hidden, dtype), _randn(3, hidden, dtype=dtype)
+    _close(fused_ops.rms_norm(x, layer.weight, 1e-6), layer(x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [96, 1000])
+def test_fused_add_rms_norm(dtype: torch.dtype, hidden: int) -> None:
+    layer = _norm_layer(hidden, dtype)
+    x, residual = _randn(3, hidden, dtype=dtype), _randn(3, hidden, dtype=dtype, seed=2)
+    x_before, res_before = x.clone(), residual.clone()
+    out, new_residual = fused_ops.fused_add_rms_norm(x, residual, layer.weight, 1e-6)
+    ref_out, ref_residual = layer(x, residual)
+    torch.testing.assert_close(new_residual, ref_residual, atol=0, rtol=0)  # the add rounds identically
+    _close(out, ref_out)
+    assert torch.equal(x, x_before) and torch.equal(residual, res_before)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_over_strided_heads(dtype: torch.dtype) -> None:
+    """q_norm / k_norm: [T, H, D] views of the fused qkv output, rows not contiguous."""
+    qkv = _randn(2, 5 * 64, dtype=dtype)
+    q = qkv[:, : 3 * 64].reshape(2, 3, 64)
+    assert not q.is_contiguous()
+    layer = _norm_layer(64, dtype)
+    _close(fused_ops.rms_norm(q, layer.weight, 1e-6), layer(q))
+
+
+def _rope_case(dtype: torch.dtype, head_dim: int, num_q: int, num_kv: int
+               ) -> tuple[RotaryEmbedding, torch.Tensor, torch.Tensor]:
+    """A padded qkv buffer [T, (q | k | v | pad)] and the positions."""
+    rope = RotaryEmbedding(head_dim, 1e6, MAX_POS)
+    qkv = _randn(len(POSITIONS), (num_q + 2 * num_kv) * head_dim + 8, dtype=dtype)
+    return rope, qkv, torch.tensor(POSITIONS)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("num_q,num_kv", [(4, 2), (3, 1)])
+def test_rotary_inplace(dtype: torch.dtype, head_dim: int, num_q: int, num_kv: int) -> None:
+    rope, qkv, positions = _rope_case(dtype, head_dim, num_q, num_kv)
+    q_size, kv_size = num_q * head_dim, num_kv * head_dim
+    q, k = qkv[:, :q_size], qkv[:, q_size:q_size + kv_size]
+    ref_q, ref_k = rope(positions, q.clone(), k.clone())
+    before, cache_before = qkv.clone(), rope.cos_sin_cache.clone()
+    fused_ops.rotary_inplace(q, k, rope.cos_sin_cache, positions, head_dim)
+    torch.testing.assert_close(q, ref_q, atol=0, rtol=0)  # same fp32 ops, same roundings
+    torch.testing.assert_close(k, ref_k, atol=0, rtol=0)
+    assert torch.equal(qkv[:, q_size + kv_size:], before[:, q_size + kv_size:]), "v / padding touched"
+    assert torch.equal(rope.cos_sin_cache, cache_before) and torch.equal(positions, torch.tensor(POSITIONS))
+
+
+def test_rotary_inplace_on_3d_heads() -> None:
+    rope = RotaryEmbedding(64, 1e4, MAX_POS)
+    q, k = _randn(5, 2, 64, dtype=torch.float32), _randn(5, 1, 64, dtype=torch.float32, seed=2)
+    positions = torch.tensor(POSITIONS)
+    ref_q, ref_k = rope(positions, q.clone(), k.clone())
+    fused_ops.rotary_inplace(q, k, rope.cos_sin_cache, positions, 64)
+    torch.testing.assert_close((q, k), (ref_q, ref_k), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("inter", [96, 1000, 1500])
+def test_silu_and_mul(dtype: torch.dtype, inter: int) -> None:
+    x = _randn(3, 2 * inter, dtype=dtype, scale=4.0)  # reaches deep into silu's negative tail
+    _close(fused_ops.silu_and_mul(x), SiluAndMul()(x))
+
+
+def test_silu_and_mul_keeps_leading_dims() -> None:
+    x = _randn(2, 3, 2 * 40, dtype=torch.bfloat16)
+    _close(fused_ops.silu_and_mul(x), SiluAndMul()(x))
+
+
+# --- the layers' switch ------------------------------------------------------------------------------
+
+
+def _route_cpu_to_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the layers treat CPU tensors as CUDA ones, so their fused branch runs the interpreted kernels."""
+    for module in (norm, rotary, activation):
+        monkeypatch.setattr(module, "fused_ops_for", lambda x: fused_ops)
+
+
+def _forbid_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a fused kernel was called")
+
+    for name in ("rms_norm", "fused_add_rms_norm", "rotary_inplace", "silu_and_mul"):
+        monkeypatch.setattr(fused_ops, name, boom)
+
+
+def _run_layers(dtype: torch.dtype) -> list[torch.Tensor]:
+    """Every layer once, as the decoder calls them: norms (plain, + residual, per head), RoPE, SiLU."""
+    layer, head_norm = _norm_layer(96, dtype), _norm_layer(64, dtype, seed=4)
+    x, residual = _randn(5, 96, dtype=dtype), _randn(5, 96, dtype=dtype, seed=3)
+    rope, qkv, positions = _rope_case(dtype, 64, 4, 2)
+    heads = head_norm(qkv[:, :256].reshape(5, 4, 64))
+    q, k = rope(positions, qkv[:, :256], qkv[:, 256:384])
+    act = SiluAndMul()(_randn(5, 192, dtype=dtype))
+    return [layer(x), *layer(x, residual), heads, q.clone(), k.clone(), act]
+
+
+def test_cpu_path_does_not_call_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert norm.fused_ops_for(torch.zeros(2)) is None
+    _forbid_kernels(monkeypatch)
+    _run_layers(torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layers_fused_branch_matches_reference(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
+    reference = _run_layers(dtype)
+    _route_cpu_to_kernels(monkeypatch)
+    for actual, expected in zip(_run_layers(dtype), reference, strict=True):
+        _close(actual, expected)
+
+
+def test_use_fused_false_forces_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    _route_cpu_to_kernels(monkeypatch)
+    _forbid_kernels(monkeypatch)
+    for cls in (RMSNorm, RotaryEmbedding, SiluAndMul):
+        monkeypatch.setattr(cls, "use_fused", False)
+    _run_layers(torch.bfloat16)
