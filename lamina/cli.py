@@ -7,8 +7,16 @@ import logging
 import sys
 from pathlib import Path
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 from lamina import DEMO_MODEL
 from lamina.cli_args import add_engine_args, add_sampling_args, engine_kwargs, sampling_params
+from lamina.outputs import RequestOutput
+from lamina.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # the engine pulls in torch: import it only when a command runs
+    from lamina.llm import LLM
 
 
 def _model_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -17,13 +25,13 @@ def _model_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
     add_sampling_args(parser, {"max_tokens": max_tokens})
 
 
-def _make_llm(args: argparse.Namespace):  # noqa: ANN202 - lamina.LLM
+def _make_llm(args: argparse.Namespace) -> LLM:
     from lamina.llm import LLM
 
     return LLM(model=args.model, **engine_kwargs(args))
 
 
-def _stream_one(llm, prompt: str, params) -> None:  # noqa: ANN001
+def _stream_one(llm: LLM, prompt: str, params: SamplingParams) -> None:
     engine = llm.engine
     request_id = engine.add_request(prompt, params)
     printed = 0
@@ -55,7 +63,7 @@ def _read_jsonl(path: str) -> list[dict]:
     return rows
 
 
-def _output_row(row: dict, output) -> dict:  # noqa: ANN001 - RequestOutput
+def _output_row(row: dict, output: RequestOutput) -> dict:
     samples = [{"text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason,
                 "stop_reason": c.stop_reason} for c in output.outputs]
     result = {**row, "prompt_token_ids": output.prompt_token_ids, **samples[0]}
@@ -64,7 +72,7 @@ def _output_row(row: dict, output) -> dict:  # noqa: ANN001 - RequestOutput
     return result
 
 
-def _batch(llm, args: argparse.Namespace, params) -> None:  # noqa: ANN001
+def _batch(llm: LLM, args: argparse.Namespace, params: SamplingParams) -> None:
     rows = _read_jsonl(args.input)
     prompts = [{k: r[k] for k in ("prompt", "prompt_token_ids") if k in r} for r in rows]
     outputs = llm.generate(prompts, params, use_tqdm=True)
@@ -88,7 +96,7 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _user_lines():  # noqa: ANN202 - Iterator[str]
+def _user_lines() -> Iterator[str]:
     if not sys.stdin.isatty():
         yield from sys.stdin
         return

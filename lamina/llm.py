@@ -9,6 +9,7 @@ from tqdm.auto import tqdm
 from lamina.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from lamina.engine.engine import LLMEngine
 from lamina.engine.input_processor import PromptType
+from lamina.loader.tokenizer import Tokenizer
 from lamina.outputs import RequestOutput
 from lamina.sampling_params import SamplingParams
 
@@ -45,7 +46,7 @@ class LLM:
             cuda_graph_max_batch_size=cuda_graph_max_batch_size)
         self.engine = LLMEngine(config)
 
-    def get_tokenizer(self):  # noqa: ANN201 - Tokenizer | None
+    def get_tokenizer(self) -> Tokenizer | None:
         return self.engine.tokenizer
 
     def generate(self, prompts: PromptType | Sequence[PromptType],

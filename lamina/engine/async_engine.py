@@ -26,6 +26,7 @@ from lamina.engine.engine import LLMEngine
 from lamina.engine.input_processor import PromptType
 from lamina.engine.request import Request
 from lamina.engine.stats import SchedulerStats
+from lamina.loader.tokenizer import Tokenizer
 from lamina.outputs import RequestOutput
 from lamina.sampling_params import SamplingParams
 
@@ -131,7 +132,7 @@ class AsyncEngine:
     # ---- asyncio side -------------------------------------------------------------------------------
 
     @property
-    def tokenizer(self):  # noqa: ANN201 - Tokenizer | None
+    def tokenizer(self) -> Tokenizer | None:
         return self.engine.tokenizer
 
     @property
