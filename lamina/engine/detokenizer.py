@@ -90,15 +90,20 @@ class IncrementalDetokenizer:
         self.finished = True
         return self.stop_reason
 
+    @property
+    def visible_text(self) -> str:
+        """output_text without the tail a stop string may still cut (all of it once finished)."""
+        if self.finished:
+            return self.output_text
+        return self.output_text[:max(0, len(self.output_text) - self._stop_lookback)]
+
     def get_delta(self) -> str:
         """Text added since the last call, for streaming; never text that a stop string may still cut."""
-        end = len(self.output_text)
-        if not self.finished:
-            end -= self._stop_lookback
-        if end <= self._num_emitted_chars:
+        visible = self.visible_text
+        if len(visible) <= self._num_emitted_chars:
             return ""
-        delta = self.output_text[self._num_emitted_chars:end]
-        self._num_emitted_chars = end
+        delta = visible[self._num_emitted_chars:]
+        self._num_emitted_chars = len(visible)
         return delta
 
     def decode_token(self, token_id: int) -> str:

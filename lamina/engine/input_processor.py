@@ -86,6 +86,6 @@ class InputProcessor:
             extra = {} if arrival_time is None else {"arrival_time": arrival_time}
             requests.append(Request(
                 request_id=sample_id, prompt_token_ids=list(ids), sampling_params=sample_params,
-                eos_token_ids=self.eos_token_ids, max_model_len=self.limits.max_model_len, prompt=text,
+                eos_token_ids=self.eos_token_ids, prompt=text,
                 parent=requests[0] if requests else None, sample_index=index, **extra))
         return requests

@@ -109,15 +109,11 @@ class OutputProcessor:
 
     @staticmethod
     def _visible_text(sample: _Sample) -> str:
-        """All text when finished; while running, hold back the tail that a stop string may still cut."""
-        if sample.detokenizer is None:
+        """All text once the request finished; while running, what no stop string can still cut."""
+        detok = sample.detokenizer
+        if detok is None:
             return ""
-        text = sample.detokenizer.output_text
-        stops = sample.request.sampling_params.stop_list
-        if sample.request.is_finished or not stops:
-            return text
-        hold = max(len(s) for s in stops) - 1
-        return text[:max(0, len(text) - hold)]
+        return detok.output_text if sample.request.is_finished else detok.visible_text
 
     def abort(self, request_id: str) -> RequestOutput | None:
         group = self._groups.get(request_id)

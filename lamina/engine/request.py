@@ -37,7 +37,6 @@ class Request:
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     eos_token_ids: frozenset[int] = frozenset()
-    max_model_len: int = 1 << 30
     prompt: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)
     parent: Request | None = None  # n > 1: sample 0, whose prompt KV this sample shares
@@ -80,13 +79,6 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
-
-    @property
-    def max_output_tokens(self) -> int:
-        """Output tokens allowed: max_tokens, capped by what fits in max_model_len."""
-        room = self.max_model_len - self.num_prompt_tokens
-        limit = self.sampling_params.max_tokens
-        return room if limit is None else min(limit, room)
 
     @property
     def is_finished(self) -> bool:

@@ -194,7 +194,9 @@ class Scheduler:
             if token in params.stop_token_ids:
                 request.stop_reason = token
                 return RequestStatus.FINISHED_STOPPED
-        if request.num_output_tokens >= request.max_output_tokens or request.num_tokens >= self.max_model_len:
+        # max_tokens None: until the context is full; either way never past max_model_len.
+        out_of_tokens = params.max_tokens is not None and request.num_output_tokens >= params.max_tokens
+        if out_of_tokens or request.num_tokens >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None
 

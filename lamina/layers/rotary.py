@@ -3,8 +3,8 @@
 For a head vector x = [x1 | x2] (two halves) at position p with frequencies f:
     out = [x1 * cos(p f) - x2 * sin(p f) | x2 * cos(p f) + x1 * sin(p f)]
 
-cos/sin are computed from the positions on the fly in float32, exactly as HF does
-(one product position * inv_freq per element), so there is no table to outgrow.
+cos/sin of every position below max_position_embeddings are tabulated once in float32 from the same
+products position * inv_freq that HF computes, so a forward gathers rows instead of recomputing them.
 
 On CUDA (with triton installed) q and k are rotated in place by one Triton kernel
 (`lamina.kernels.fused_ops.rotary_inplace`, same fp32 math); on CPU, or with `use_fused = False`,

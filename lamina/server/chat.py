@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from starlette.requests import Request as HTTPRequest
 
 from lamina.outputs import CompletionOutput, RequestOutput, SampleLogprobs
@@ -14,9 +14,8 @@ from lamina.server import errors
 from lamina.server.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                                     ChatCompletionResponse, ChatLogprobs, ChatResponseMessage, ChatTokenLogprob,
                                     DeltaMessage, TopLogprob, dump)
-from lamina.server.serving import (SSE_DONE, ChoiceCursor, ClientDisconnected, EngineStreamingResponse,
-                                   OpenAIServing, Submitted, finite, merge, sse, sse_error, token_text, top_entries,
-                                   usage_of)
+from lamina.server.serving import (SSE_DONE, ChoiceCursor, OpenAIServing, Submitted, finite, merge, sse,
+                                   sse_error, token_text, top_entries, usage_of)
 
 FIELDS = frozenset(ChatCompletionRequest.model_fields)
 
@@ -61,15 +60,13 @@ async def create_chat_completion(serving: OpenAIServing, body: ChatCompletionReq
     submitted = serving.submit([(request_id, requests)], params.n)
     ctx = _Context(request_id, body.model or serving.settings.served_model_name, params.logprobs,
                    body.include_usage())
-    if body.stream:
-        return EngineStreamingResponse(_stream(ctx, submitted), submitted)
-    try:
-        outputs = await serving.collect(submitted, http)
-    except ClientDisconnected:
-        return Response(status_code=499)
+    stream = (lambda: _stream(ctx, submitted)) if body.stream else None
+    return await serving.respond(submitted, http, stream, lambda outputs: _response(ctx, outputs))
+
+
+def _response(ctx: _Context, outputs: list[RequestOutput]) -> ChatCompletionResponse:
     choices = [_choice(ctx, c) for c in outputs[0].outputs]
-    response = ChatCompletionResponse(id=request_id, model=ctx.model, choices=choices, usage=usage_of(outputs))
-    return JSONResponse(dump(response))
+    return ChatCompletionResponse(id=ctx.request_id, model=ctx.model, choices=choices, usage=usage_of(outputs))
 
 
 def _choice(ctx: _Context, completion: CompletionOutput) -> ChatChoice:

@@ -6,16 +6,15 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from starlette.requests import Request as HTTPRequest
 
 from lamina.outputs import CompletionOutput, RequestOutput, SampleLogprobs
 from lamina.server import errors
 from lamina.server.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
                                     dump)
-from lamina.server.serving import (SSE_DONE, ChoiceCursor, ClientDisconnected, EngineStreamingResponse,
-                                   OpenAIServing, Submitted, finite, merge, sse, sse_error, token_text, top_entries,
-                                   usage_of)
+from lamina.server.serving import (SSE_DONE, ChoiceCursor, OpenAIServing, Submitted, finite, merge, sse,
+                                   sse_error, token_text, top_entries, usage_of)
 
 FIELDS = frozenset(CompletionRequest.model_fields)
 ALIASES = {"prompt_token_ids": "prompt"}
@@ -46,15 +45,13 @@ async def create_completion(serving: OpenAIServing, body: CompletionRequest, htt
     submitted = serving.submit(batch, params.n)
     ctx = _Context(request_id, body.model or serving.settings.served_model_name, params.n, body.logprobs,
                    body.echo, body.include_usage(), serving.engine.tokenizer)
-    if body.stream:
-        return EngineStreamingResponse(_stream(ctx, submitted), submitted)
-    try:
-        outputs = await serving.collect(submitted, http)
-    except ClientDisconnected:
-        return Response(status_code=499)
+    stream = (lambda: _stream(ctx, submitted)) if body.stream else None
+    return await serving.respond(submitted, http, stream, lambda outputs: _response(ctx, outputs))
+
+
+def _response(ctx: _Context, outputs: list[RequestOutput]) -> CompletionResponse:
     choices = [_choice(ctx, i * ctx.n + c.index, out, c) for i, out in enumerate(outputs) for c in out.outputs]
-    response = CompletionResponse(id=request_id, model=ctx.model, choices=choices, usage=usage_of(outputs))
-    return JSONResponse(dump(response))
+    return CompletionResponse(id=ctx.request_id, model=ctx.model, choices=choices, usage=usage_of(outputs))
 
 
 def _prompt_text(ctx: _Context, output: RequestOutput) -> str:

@@ -13,8 +13,9 @@ from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
 
+from pydantic import BaseModel
 from starlette.requests import Request as HTTPRequest
-from starlette.responses import StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from lamina.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
@@ -23,7 +24,7 @@ from lamina.engine.request import Request
 from lamina.outputs import CompletionOutput, Logprob, RequestOutput
 from lamina.sampling_params import SamplingParams
 from lamina.server import errors
-from lamina.server.protocol import UsageInfo
+from lamina.server.protocol import UsageInfo, dump
 from lamina.server.settings import ServerSettings
 
 
@@ -123,6 +124,19 @@ class OpenAIServing:
             submitted.close()
             raise errors.engine_dead(str(err)) from err
         return submitted
+
+    async def respond(self, submitted: Submitted, http: HTTPRequest,
+                      stream: Callable[[], AsyncIterator[str]] | None,
+                      build: Callable[[list[RequestOutput]], BaseModel]) -> Response:
+        """Server-sent events when `stream` is given; else wait for every output and answer
+        `build(outputs)` as JSON (499 when the client left first: its requests were aborted)."""
+        if stream is not None:
+            return EngineStreamingResponse(stream(), submitted)
+        try:
+            outputs = await self.collect(submitted, http)
+        except ClientDisconnected:
+            return Response(status_code=499)
+        return JSONResponse(dump(build(outputs)))
 
     async def collect(self, submitted: Submitted, http: HTTPRequest) -> list[RequestOutput]:
         """The final output of every prompt; aborts them all if the client disconnects first."""
