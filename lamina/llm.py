@@ -90,7 +90,7 @@ class LLM:
         added: list[str] = []
         try:
             for prompt, p in zip(prompts, params):
-                added.append(self.engine.add_request(prompt, p))
+                added.append(self.engine.add_request(prompt, p, stream=False))
         except ValueError as err:
             for request_id in added:  # all or nothing: no half-run batch
                 self.engine.abort_request(request_id)

@@ -51,10 +51,11 @@ class LLMEngine:
         return frozenset(eos if isinstance(eos, list) else [eos])
 
     def add_request(self, prompt: PromptType, params: SamplingParams | None = None,
-                    request_id: str | None = None, arrival_time: float | None = None) -> str:
-        """Validate and queue one request (n samples); returns its id."""
+                    request_id: str | None = None, arrival_time: float | None = None, stream: bool = True) -> str:
+        """Validate and queue one request (n samples); returns its id. `stream` False: step() returns
+        its output only once, when it finishes (offline batches need no per-step outputs)."""
         request_id = request_id if request_id is not None else str(next(self._ids))
-        self.add_processed(request_id, self.process_inputs(prompt, params, request_id, arrival_time))
+        self.add_processed(request_id, self.process_inputs(prompt, params, request_id, arrival_time), stream)
         return request_id
 
     def process_inputs(self, prompt: PromptType, params: SamplingParams | None, request_id: str,
@@ -63,11 +64,11 @@ class LLMEngine:
         params = params if params is not None else SamplingParams()
         return self.input_processor.make_requests(request_id, prompt, params, arrival_time)
 
-    def add_processed(self, request_id: str, requests: list[Request]) -> None:
+    def add_processed(self, request_id: str, requests: list[Request], stream: bool = True) -> None:
         """Queue the samples made by process_inputs (on the thread that runs step())."""
         if self.output_processor.sample_ids(request_id):
             raise ValueError(f"request_id: {request_id!r} is already in use")
-        self.output_processor.add_group(request_id, requests)
+        self.output_processor.add_group(request_id, requests, stream)
         for request in requests:
             self.scheduler.add_request(request)
 

@@ -22,11 +22,12 @@ class _Sample:
 
 
 class _Group:
-    """One user request: its samples in index order."""
+    """One user request: its samples in index order; `stream` False: an output only when it finishes."""
 
-    def __init__(self, request_id: str, samples: list[_Sample]) -> None:
+    def __init__(self, request_id: str, samples: list[_Sample], stream: bool) -> None:
         self.request_id = request_id
         self.samples = samples
+        self.stream = stream
 
     @property
     def finished(self) -> bool:
@@ -39,9 +40,9 @@ class OutputProcessor:
         self._groups: dict[str, _Group] = {}
         self._group_of: dict[str, _Group] = {}
 
-    def add_group(self, request_id: str, requests: list[Request]) -> None:
+    def add_group(self, request_id: str, requests: list[Request], stream: bool = True) -> None:
         samples = [_Sample(r, self._make_detokenizer(r)) for r in requests]
-        group = _Group(request_id, samples)
+        group = _Group(request_id, samples, stream)
         self._groups[request_id] = group
         for request in requests:
             self._group_of[request.request_id] = group
@@ -59,7 +60,7 @@ class OutputProcessor:
 
     def process(self, requests: list[Request], on_stop: StopCallback) -> list[RequestOutput]:
         """Detokenize the new tokens of `requests` (changed this step) and return the outputs of
-        their groups; finished groups are forgotten."""
+        their groups (of streaming groups, and of groups that finished); finished groups are forgotten."""
         touched: dict[str, _Group] = {}
         for request in requests:
             group = self._group_of.get(request.request_id)
@@ -67,7 +68,7 @@ class OutputProcessor:
                 continue
             self._detokenize(group.samples[request.sample_index], on_stop)
             touched[group.request_id] = group
-        outputs = [self._make_output(g) for g in touched.values()]
+        outputs = [self._make_output(g) for g in touched.values() if g.stream or g.finished]
         for group in touched.values():
             if group.finished:
                 self._forget(group)

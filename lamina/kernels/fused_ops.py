@@ -7,6 +7,8 @@ and reproduces the PyTorch layers' rounding steps (lamina/layers/{norm,rotary,ac
                          grid (rows, heads): one program per row of `hidden` (BLOCK = next pow2, masked)
     rotary_inplace       neox rotate-half in fp32 on q [T, Hq*D] and k [T, Hk*D], in place
                          grid (T, Hq + Hk): program (t, h) rotates head h of q (h < Hq) or of k
+    qk_norm_rotary_inplace   per-head RMSNorm (q_norm / k_norm weights, Qwen3) then the rotation above,
+                         in place, one launch instead of three; same grid
     silu_and_mul         x [T, 2I] -> silu(x[:, :I]).to(dtype) * x[:, I:]   (fp32 math, two roundings)
                          grid (T, cdiv(I, BLOCK))
 
@@ -68,6 +70,36 @@ def _rotary_kernel(q_ptr, k_ptr, cache_ptr, pos_ptr,
 
 
 @triton.jit
+def _qk_norm_rotary_kernel(q_ptr, k_ptr, q_weight_ptr, k_weight_ptr, cache_ptr, pos_ptr,
+                           stride_qt, stride_qh, stride_kt, stride_kh, stride_cache,
+                           num_q_heads, half, eps, BLOCK: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < half
+    if head < num_q_heads:
+        ptr = q_ptr + token * stride_qt + head * stride_qh
+        w_ptr = q_weight_ptr
+    else:
+        ptr = k_ptr + token * stride_kt + (head - num_q_heads) * stride_kh
+        w_ptr = k_weight_ptr
+    dtype = q_ptr.dtype.element_ty
+    x1 = tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(ptr + half + offs, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.math.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / (2 * half) + eps)
+    w1 = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    w2 = tl.load(w_ptr + half + offs, mask=mask, other=0.0).to(tl.float32)
+    # RMSNorm's roundings (normed -> dtype, weight * normed -> dtype), then RoPE's in fp32
+    y1 = (w1 * (x1 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+    y2 = (w2 * (x2 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+    pos = tl.load(pos_ptr + token).to(tl.int64)
+    cos = tl.load(cache_ptr + pos * stride_cache + offs, mask=mask, other=0.0)
+    sin = tl.load(cache_ptr + pos * stride_cache + half + offs, mask=mask, other=0.0)
+    tl.store(ptr + offs, (y1 * cos - y2 * sin).to(dtype), mask=mask)
+    tl.store(ptr + half + offs, (y2 * cos + y1 * sin).to(dtype), mask=mask)
+
+
+@triton.jit
 def _silu_and_mul_kernel(x_ptr, out_ptr, stride_xt, inter, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -125,6 +157,17 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     return out, new_res
 
 
+def _heads(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor, positions: torch.Tensor,
+           head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k as [T, H, D] views, after checking what the rotary kernels assume."""
+    num_tokens = q.shape[0]
+    q3, k3 = q.view(num_tokens, -1, head_dim), k.view(num_tokens, -1, head_dim)
+    assert q.dtype == k.dtype and q3.stride(2) == 1 and k3.stride(2) == 1, "heads must be contiguous"
+    assert cos_sin_cache.dtype == torch.float32 and cos_sin_cache.stride(1) == 1
+    assert positions.shape == (num_tokens,) and positions.stride(0) == 1 and head_dim % 2 == 0
+    return q3, k3
+
+
 def rotary_inplace(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
                    positions: torch.Tensor, head_dim: int) -> None:
     """Rotate q [T, Hq*D] and k [T, Hk*D] (or [T, H, D]) in place, neox style, at `positions` [T].
@@ -132,19 +175,32 @@ def rotary_inplace(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
     cos_sin_cache: float32 [max_pos, D], row p = cos(p f) | sin(p f). Rows may be strided (views of a
     fused qkv output); each head must be contiguous.
     """
-    num_tokens = q.shape[0]
-    if num_tokens == 0:
+    if q.shape[0] == 0:
         return
-    q3, k3 = q.view(num_tokens, -1, head_dim), k.view(num_tokens, -1, head_dim)
-    assert q.dtype == k.dtype and q3.stride(2) == 1 and k3.stride(2) == 1, "heads must be contiguous"
-    assert cos_sin_cache.dtype == torch.float32 and cos_sin_cache.stride(1) == 1
-    assert positions.shape == (num_tokens,) and positions.stride(0) == 1 and head_dim % 2 == 0
+    q3, k3 = _heads(q, k, cos_sin_cache, positions, head_dim)
     half = head_dim // 2
-    _rotary_kernel[(num_tokens, q3.shape[1] + k3.shape[1])](
+    _rotary_kernel[(q3.shape[0], q3.shape[1] + k3.shape[1])](
         q3, k3, cos_sin_cache, positions,
         q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), cos_sin_cache.stride(0),
         q3.shape[1], half, BLOCK=triton.next_power_of_2(half), num_warps=1,
         enable_fp_fusion=False)  # no FMA: round each product like the PyTorch path
+
+
+def qk_norm_rotary_inplace(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                           eps: float, cos_sin_cache: torch.Tensor, positions: torch.Tensor,
+                           head_dim: int) -> None:
+    """RMSNorm each head of q with q_weight [D] and of k with k_weight [D], then rotate as
+    `rotary_inplace` does; in place, one launch (the Qwen3 attention prologue)."""
+    if q.shape[0] == 0:
+        return
+    q3, k3 = _heads(q, k, cos_sin_cache, positions, head_dim)
+    assert q_weight.shape == k_weight.shape == (head_dim,), "norm weights must be [head_dim]"
+    assert q_weight.dtype == k_weight.dtype == q.dtype, "norm weights must be in q's dtype"
+    half = head_dim // 2
+    _qk_norm_rotary_kernel[(q3.shape[0], q3.shape[1] + k3.shape[1])](
+        q3, k3, q_weight, k_weight, cos_sin_cache, positions,
+        q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), cos_sin_cache.stride(0),
+        q3.shape[1], half, eps, BLOCK=triton.next_power_of_2(half), num_warps=1, enable_fp_fusion=False)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -106,6 +106,7 @@ def apply_penalties(logits: torch.Tensor, penalties: PenaltyTensors) -> torch.Te
 def random_probs(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
     """Temperature, top-k, top-p, min-p; returns probabilities, unnormalised after min-p (the race
     does not need them normalised). Greedy rows get garbage that the caller discards."""
+    assert metadata.temperature is not None, "random rows need temperatures"
     logits = logits / metadata.temperature.unsqueeze(1)
     logits = apply_top_k_top_p(logits, metadata.top_k, metadata.max_top_k, metadata.top_p)
     probs = logits.softmax(dim=-1)

@@ -3,7 +3,8 @@
 Row i of every tensor belongs to requests[i] (the order of the logits rows). Optional pieces are None
 when no row needs them, so the Sampler skips that work entirely:
 
-    temperature  [B] float32   1.0 on greedy rows (a safe divisor; greedy rows take the argmax)
+    temperature  [B] float32   1.0 on greedy rows (a safe divisor; greedy rows take the argmax) | None
+                               when every row is greedy
     greedy_mask  [B] bool      only in mixed batches (neither all_greedy nor all_random)
     top_k        [B] int64     vocab_size where off, 1 on greedy rows | None when no random row uses it
     top_p        [B] float32   1.0 where off               | None when no random row uses top-p
@@ -47,7 +48,7 @@ class MinTokensMask:
 class SamplingMetadata:
     """Everything the Sampler needs for one step, batched (see the module docstring for the layout)."""
 
-    temperature: torch.Tensor
+    temperature: torch.Tensor | None  # None when all_greedy
     all_greedy: bool
     all_random: bool
     greedy_mask: torch.Tensor | None
@@ -76,7 +77,8 @@ class SamplingMetadata:
         top_k = [_top_k(p, g, vocab_size) for p, g in zip(params, greedy)]
         logprobs = [p.logprobs for p in params if p.logprobs is not None]
         return cls(
-            temperature=_floats([1.0 if g else p.temperature for p, g in zip(params, greedy)], device),
+            temperature=(None if all(greedy) else
+                         _floats([1.0 if g else p.temperature for p, g in zip(params, greedy)], device)),
             all_greedy=all(greedy),
             all_random=not any(greedy),
             greedy_mask=(torch.tensor(greedy, dtype=torch.bool, device=device)

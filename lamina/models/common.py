@@ -12,6 +12,7 @@ through the class attributes below.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from types import ModuleType
 from typing import ClassVar
 
 import torch
@@ -22,7 +23,7 @@ from lamina.attention.layer import Attention
 from lamina.layers.activation import SiluAndMul
 from lamina.layers.embedding import ParallelLMHead, VocabEmbedding
 from lamina.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear, copy_checked
-from lamina.layers.norm import RMSNorm
+from lamina.layers.norm import RMSNorm, fused_ops_for
 from lamina.layers.rotary import RotaryEmbedding
 from lamina.loader.hf_config import ModelArch
 from lamina.loader.weights import format_names
@@ -50,11 +51,28 @@ class DecoderAttention(nn.Module):
     def _head_norm(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
         return norm(x.reshape(x.shape[0], -1, self.head_dim)).reshape(x.shape)
 
+    def _norm_and_rotate(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Optional per-head q/k RMSNorm, then RoPE; on CUDA both in one fused kernel (in place)."""
+        if self.q_norm is None or self.k_norm is None:
+            return self.rotary_emb(positions, q, k)
+        ops = self._fused_qk_ops(q)
+        if ops is not None:
+            ops.qk_norm_rotary_inplace(q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.variance_epsilon,
+                                       self.rotary_emb.cos_sin_cache, positions, self.head_dim)
+            return q, k
+        return self.rotary_emb(positions, self._head_norm(self.q_norm, q), self._head_norm(self.k_norm, k))
+
+    def _fused_qk_ops(self, q: torch.Tensor) -> ModuleType | None:
+        q_norm, k_norm = self.q_norm, self.k_norm
+        usable = (q_norm is not None and k_norm is not None and q_norm.use_fused and k_norm.use_fused
+                  and self.rotary_emb.use_fused and q_norm.variance_epsilon == k_norm.variance_epsilon
+                  and q_norm.weight.dtype == k_norm.weight.dtype == q.dtype)
+        return fused_ops_for(q) if usable else None
+
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self._head_norm(self.q_norm, q), self._head_norm(self.k_norm, k)
-        q, k = self.rotary_emb(positions, q, k)
+        q, k = self._norm_and_rotate(positions, q, k)
         return self.o_proj(self.attn(q, k, v))
 
 

@@ -24,10 +24,11 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
+import numpy as np
 import torch
 
 from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
-from lamina.worker.input_batch import InputBatch
+from lamina.worker.input_batch import HostBatch
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +42,6 @@ def graph_buckets(max_batch_size: int) -> list[int]:
 def bucket_for(num_seqs: int, buckets: list[int]) -> int | None:
     """The smallest bucket that holds num_seqs rows; None when it is larger than every bucket."""
     return next((b for b in buckets if b >= num_seqs), None)
-
-
-def is_decode_only(batch: InputBatch) -> bool:
-    """Every request has exactly one new token this step."""
-    return batch.attn_metadata.max_query_len == 1 and batch.input_ids.shape[0] == batch.attn_metadata.num_seqs
 
 
 def graph_decision(device: torch.device, enforce_eager: bool, backend_name: str, kernels_supported: bool,
@@ -101,37 +97,46 @@ class TorchCUDAGraph:
 
 @dataclass
 class StaticBuffers:
-    input_ids: torch.Tensor  # [N] int64
-    positions: torch.Tensor  # [N] int64
-    slot_mapping: torch.Tensor  # [N] int64
+    token_rows: torch.Tensor  # [3, N] int64: input_ids, positions, slot_mapping (one copy fills all three)
     seq_lens: torch.Tensor  # [N] int32
     query_start_loc: torch.Tensor  # [N + 1] int32, 0..N
     block_tables: torch.Tensor  # [N, max_blocks_per_seq] int32
 
     @classmethod
     def allocate(cls, max_rows: int, max_blocks_per_seq: int, device: torch.device) -> StaticBuffers:
-        i64 = dict(dtype=torch.int64, device=device)
+        token_rows = torch.zeros(3, max_rows, dtype=torch.int64, device=device)
+        token_rows[2].fill_(-1)
         i32 = dict(dtype=torch.int32, device=device)
-        return cls(input_ids=torch.zeros(max_rows, **i64), positions=torch.zeros(max_rows, **i64),
-                   slot_mapping=torch.full((max_rows,), -1, **i64), seq_lens=torch.ones(max_rows, **i32),
+        return cls(token_rows=token_rows, seq_lens=torch.ones(max_rows, **i32),
                    query_start_loc=torch.arange(max_rows + 1, **i32),
                    block_tables=torch.zeros(max_rows, max_blocks_per_seq, **i32))
 
-    def fill(self, batch: InputBatch, bucket: int) -> None:
-        """Copy a decode batch of n rows into rows [0, n) and reset rows [n, bucket) to padding."""
-        md = batch.attn_metadata
-        n, width = md.num_seqs, md.block_tables.shape[1]
-        self.input_ids[:n].copy_(batch.input_ids)
-        self.positions[:n].copy_(batch.positions)
-        self.slot_mapping[:n].copy_(md.slot_mapping)
-        self.seq_lens[:n].copy_(md.seq_lens)
-        self.block_tables[:n, :width].copy_(md.block_tables)
-        # Entries of real rows past `width` are stale but never read: the kernel stops at seq_len.
-        self.input_ids[n:bucket].zero_()
-        self.positions[n:bucket].zero_()
-        self.slot_mapping[n:bucket].fill_(-1)
-        self.seq_lens[n:bucket].fill_(1)
-        self.block_tables[n:bucket].zero_()
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return self.token_rows[0]
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return self.token_rows[1]
+
+    @property
+    def slot_mapping(self) -> torch.Tensor:
+        return self.token_rows[2]
+
+    def fill(self, batch: HostBatch, bucket: int) -> None:
+        """Copy a decode batch of n rows into rows [0, n) and padding into rows [n, bucket): three
+        non-blocking host-to-device copies, no kernel per field."""
+        pad = bucket - batch.num_seqs
+        rows = np.array([batch.input_ids + [0] * pad, batch.positions + [0] * pad,
+                         batch.slot_mapping + [-1] * pad], dtype=np.int64)
+        self.token_rows[:, :bucket].copy_(torch.from_numpy(rows), non_blocking=True)
+        seq_lens = np.array(batch.seq_lens + [1] * pad, dtype=np.int32)
+        self.seq_lens[:bucket].copy_(torch.from_numpy(seq_lens), non_blocking=True)
+        tables = np.zeros((bucket, len(batch.block_tables[0])), dtype=np.int32)
+        tables[:batch.num_seqs] = batch.block_tables
+        # Entries past the batch's width are stale but never read: a row stops at its seq_len
+        # (padding rows at 1: key 0 of block 0).
+        self.block_tables[:bucket, :tables.shape[1]].copy_(torch.from_numpy(tables), non_blocking=True)
 
     def metadata(self, bucket: int, max_model_len: int) -> AttentionMetadata:
         """Views of the first `bucket` rows, with host fields that are the same at every replay."""
@@ -185,15 +190,14 @@ class CudaGraphRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def can_run(self, batch: InputBatch) -> bool:
-        md = batch.attn_metadata
-        return (bool(self.graphs) and is_decode_only(batch) and md.num_seqs <= self.buckets[-1]
-                and md.block_tables.shape[1] <= self.max_blocks_per_seq)
+    def can_run(self, batch: HostBatch) -> bool:
+        return (bool(self.graphs) and batch.is_decode_only and batch.num_seqs <= self.buckets[-1]
+                and len(batch.block_tables[0]) <= self.max_blocks_per_seq)
 
-    def run(self, batch: InputBatch) -> torch.Tensor:
+    def run(self, batch: HostBatch) -> torch.Tensor:
         """Hidden states [n, hidden] of a decode-only batch (a view of the graph's output: use it
         before the next replay)."""
-        n = batch.attn_metadata.num_seqs
+        n = batch.num_seqs
         bucket = bucket_for(n, self.buckets)
         self.buffers.fill(batch, bucket)
         self.graphs[bucket].replay()

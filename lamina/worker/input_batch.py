@@ -1,20 +1,56 @@
-"""Flatten one SchedulerOutput into the tensors a forward needs.
+"""Flatten one SchedulerOutput into the inputs a forward needs: first as host lists (`HostBatch`),
+then as device tensors (`InputBatch`) in two copies.
 
     request r, scheduled q tokens, context c = num_computed_tokens:
       input_ids   += tokens[c : c + q]          positions += [c, c + q)
       slot_mapping += block_ids[p // bs] * bs + p % bs   for p in [c, c + q)
       seq_lens    += c + q
       logits index = last flattened token of r, only if c + q reaches the end of r's tokens
+
+The device copy packs the int64 lists (ids, positions, slots, logits rows) into one host tensor and
+the int32 ones (query starts, seq lens, block tables) into another: two non-blocking host-to-device
+copies per step, and no host wait for the GPU (a step's only sync is reading its sampled tokens).
+Decode steps that replay a CUDA graph skip `InputBatch` and copy the `HostBatch` straight into the
+graph's static buffers (lamina/worker/cuda_graphs.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from lamina.attention.metadata import AttentionMetadata
 from lamina.engine.interfaces import SchedulerOutput
 from lamina.engine.request import Request
+
+
+@dataclass
+class HostBatch:
+    """One step's inputs as Python lists, in the layout of the module docstring."""
+
+    input_ids: list[int]  # [T]
+    positions: list[int]  # [T]
+    slot_mapping: list[int]  # [T]
+    query_start_loc: list[int]  # [B + 1]
+    seq_lens: list[int]  # [B]
+    block_tables: list[list[int]]  # [B][W]: each request's block ids, padded with 0 to the widest
+    logits_indices: list[int]  # [S]
+    sampling_requests: list[Request]  # the S requests that sample a token this step
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def max_query_len(self) -> int:
+        starts = self.query_start_loc
+        return max(b - a for a, b in zip(starts, starts[1:]))
+
+    @property
+    def is_decode_only(self) -> bool:
+        """Every request has exactly one new token this step (and so samples it)."""
+        return len(self.input_ids) == self.num_seqs
 
 
 @dataclass
@@ -33,7 +69,7 @@ def _token_slice(request: Request, start: int, end: int) -> list[int]:
     return (tokens + request.spec_token_ids)[start:end]
 
 
-def build_input_batch(scheduled: SchedulerOutput, block_size: int, device: torch.device) -> InputBatch:
+def plan_batch(scheduled: SchedulerOutput, block_size: int) -> HostBatch:
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -46,30 +82,41 @@ def build_input_batch(scheduled: SchedulerOutput, block_size: int, device: torch
         end = start + scheduled.num_scheduled_tokens[request.request_id]
         input_ids += _token_slice(request, start, end)
         blocks = request.block_ids
-        for pos in range(start, end):
-            positions.append(pos)
-            slots.append(blocks[pos // block_size] * block_size + pos % block_size)
+        positions += range(start, end)
+        slots += [blocks[pos // block_size] * block_size + pos % block_size for pos in range(start, end)]
         query_start.append(len(input_ids))
         seq_lens.append(end)
         if end >= request.num_tokens:
             logits_indices.append(len(input_ids) - 1)
             sampling.append(request)
-    max_blocks = max(len(r.block_ids) for r in scheduled.requests)
-    tables = [r.block_ids + [0] * (max_blocks - len(r.block_ids)) for r in scheduled.requests]
+    width = max(len(r.block_ids) for r in scheduled.requests)
+    tables = [r.block_ids + [0] * (width - len(r.block_ids)) for r in scheduled.requests]
+    return HostBatch(input_ids, positions, slots, query_start, seq_lens, tables, logits_indices, sampling)
+
+
+def _to_device(values: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(values).to(device, non_blocking=True)
+
+
+def to_device(host: HostBatch, device: torch.device) -> InputBatch:
+    """Two packed non-blocking copies (int64, int32), then views. numpy builds the host arrays: it is
+    several times faster than torch.tensor on Python lists (the block tables are the big part)."""
+    num_tokens, num_seqs = len(host.input_ids), host.num_seqs
+    width = len(host.block_tables[0])
+    i64 = _to_device(np.array(host.input_ids + host.positions + host.slot_mapping + host.logits_indices,
+                              dtype=np.int64), device)
+    i32 = _to_device(np.concatenate([np.array(host.query_start_loc + host.seq_lens, dtype=np.int32),
+                                     np.array(host.block_tables, dtype=np.int32).ravel()]), device)
+    ids, positions, slots, logits_indices = i64.split([num_tokens, num_tokens, num_tokens,
+                                                      len(host.logits_indices)])
+    query_start, seq_lens, tables = i32.split([num_seqs + 1, num_seqs, num_seqs * width])
     metadata = AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-        query_start_loc=torch.tensor(query_start, dtype=torch.int32, device=device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        block_tables=torch.tensor(tables, dtype=torch.int32, device=device),
-        max_query_len=max(b - a for a, b in zip(query_start, query_start[1:])),
-        max_seq_len=max(seq_lens),
-        query_start_loc_cpu=query_start,
-        seq_lens_cpu=seq_lens,
-    )
-    return InputBatch(
-        input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
-        positions=torch.tensor(positions, dtype=torch.int64, device=device),
-        attn_metadata=metadata,
-        logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=device),
-        sampling_requests=sampling,
-    )
+        slot_mapping=slots, query_start_loc=query_start, seq_lens=seq_lens,
+        block_tables=tables.view(num_seqs, width), max_query_len=host.max_query_len,
+        max_seq_len=max(host.seq_lens), query_start_loc_cpu=host.query_start_loc, seq_lens_cpu=host.seq_lens)
+    return InputBatch(input_ids=ids, positions=positions, attn_metadata=metadata, logits_indices=logits_indices,
+                      sampling_requests=host.sampling_requests)
+
+
+def build_input_batch(scheduled: SchedulerOutput, block_size: int, device: torch.device) -> InputBatch:
+    return to_device(plan_batch(scheduled, block_size), device)

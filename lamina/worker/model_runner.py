@@ -8,7 +8,7 @@ from lamina.engine.interfaces import ModelRunnerOutput, SchedulerOutput
 from lamina.engine.request import Request
 from lamina.layers.sampler import Sampler, SamplerOutput, SamplingMetadata, to_logprob_dicts
 from lamina.worker.cuda_graphs import CudaGraphRunner
-from lamina.worker.input_batch import InputBatch, build_input_batch
+from lamina.worker.input_batch import HostBatch, plan_batch, to_device
 
 
 class ModelRunner:
@@ -28,19 +28,22 @@ class ModelRunner:
             self._generators.pop(request_id, None)
         if scheduled.is_empty:
             return ModelRunnerOutput(sampled_token_ids={})
-        batch = build_input_batch(scheduled, self.block_size, self.device)
-        hidden = self._forward(batch)
-        if not batch.sampling_requests:
+        host = plan_batch(scheduled, self.block_size)
+        hidden = self._forward(host)
+        if not host.sampling_requests:
             return ModelRunnerOutput(sampled_token_ids={})
-        logits = self.model.compute_logits(hidden[batch.logits_indices])
-        return self._sample(logits, batch.sampling_requests)
+        logits = self.model.compute_logits(hidden)
+        return self._sample(logits, host.sampling_requests)
 
-    def _forward(self, batch: InputBatch) -> torch.Tensor:
-        """Decode-only batches replay a captured graph when there is one; the rest run eagerly."""
-        if self.graphs is not None and self.graphs.can_run(batch):
-            return self.graphs.run(batch)
+    def _forward(self, host: HostBatch) -> torch.Tensor:
+        """Hidden states of the rows that sample. Decode-only batches replay a captured graph when
+        there is one (every row samples); the rest run eagerly."""
+        if self.graphs is not None and self.graphs.can_run(host):
+            return self.graphs.run(host)
+        batch = to_device(host, self.device)
         with set_attention_metadata(batch.attn_metadata):
-            return self.model(batch.input_ids, batch.positions)
+            hidden = self.model(batch.input_ids, batch.positions)
+        return hidden[batch.logits_indices]
 
     def _sample(self, logits: torch.Tensor, requests: list[Request]) -> ModelRunnerOutput:
         metadata = SamplingMetadata.from_requests(requests, self._generators_for(requests),

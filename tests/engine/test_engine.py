@@ -38,6 +38,21 @@ def test_streamed_text_only_grows_and_ends_with_the_full_text(engine):
     engine.check_integrity()
 
 
+def test_a_request_that_does_not_stream_has_one_output_when_it_finishes(engine):
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, stop=["zzzz"])
+    engine.add_request("print(", params, request_id="quiet", stream=False)
+    engine.add_request("print(", params, request_id="loud")
+    outputs = {"quiet": [], "loud": []}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            outputs[out.request_id].append(out)
+    quiet, loud = outputs["quiet"], outputs["loud"]
+    assert len(quiet) == 1 and quiet[0].finished and len(loud) == 6
+    assert quiet[0].outputs[0].token_ids == loud[-1].outputs[0].token_ids
+    assert quiet[0].outputs[0].text == loud[-1].outputs[0].text != ""
+    engine.check_integrity()
+
+
 def test_abort_frees_blocks_and_reports_abort(engine):
     engine.add_request({"prompt_token_ids": list(range(1, 30))}, SamplingParams(max_tokens=50, ignore_eos=True),
                        request_id="a")

@@ -54,5 +54,6 @@ def test_decode_hopper_tile_and_skips_prefill_sequences() -> None:
 def test_choose_num_splits() -> None:
     assert choose_num_splits(max_seq_len=300, num_seqs=1, num_kv_heads=8) == 1  # short: never split
     assert choose_num_splits(max_seq_len=32768, num_seqs=1, num_kv_heads=8) == 64  # one long sequence
-    assert choose_num_splits(max_seq_len=32768, num_seqs=64, num_kv_heads=8) == 2  # the grid is full
+    assert choose_num_splits(max_seq_len=32768, num_seqs=64, num_kv_heads=8) == 1  # the grid is full
+    assert choose_num_splits(max_seq_len=32768, num_seqs=16, num_kv_heads=8) == 4
     assert choose_num_splits(max_seq_len=4096, num_seqs=256, num_kv_heads=8) == 1

@@ -6,6 +6,9 @@ Kernel outputs are allocated NaN-filled (`_nan_empty`), so an element a kernel f
 """
 from __future__ import annotations
 
+from functools import partial
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -20,6 +23,7 @@ from lamina.layers import activation, norm, rotary  # noqa: E402
 from lamina.layers.activation import SiluAndMul  # noqa: E402
 from lamina.layers.norm import RMSNorm  # noqa: E402
 from lamina.layers.rotary import RotaryEmbedding  # noqa: E402
+from lamina.models import common  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16]
 MAX_POS = 32768
@@ -136,6 +140,28 @@ def test_rotary_inplace_on_3d_heads() -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim,num_q,num_kv", [(64, 4, 2), (128, 3, 1)])
+def test_qk_norm_rotary_inplace(dtype: torch.dtype, head_dim: int, num_q: int, num_kv: int) -> None:
+    """Qwen3's prologue in one kernel = q_norm / k_norm per head, then RoPE (the layers, in that order)."""
+    rope, qkv, positions = _rope_case(dtype, head_dim, num_q, num_kv)
+    q_norm, k_norm = _norm_layer(head_dim, dtype, seed=5), _norm_layer(head_dim, dtype, seed=6)
+    q_size, kv_size = num_q * head_dim, num_kv * head_dim
+    q, k = qkv[:, :q_size], qkv[:, q_size:q_size + kv_size]
+    t = len(POSITIONS)
+    ref_q, ref_k = rope(positions, q_norm(q.reshape(t, num_q, head_dim)).reshape(t, -1),
+                        k_norm(k.reshape(t, num_kv, head_dim)).reshape(t, -1))
+    before = qkv.clone()
+    fused_ops.qk_norm_rotary_inplace(q, k, q_norm.weight, k_norm.weight, 1e-6, rope.cos_sin_cache, positions,
+                                     head_dim)
+    _close(q, ref_q)
+    _close(k, ref_k)
+    assert torch.equal(qkv[:, q_size + kv_size:], before[:, q_size + kv_size:]), "v / padding touched"
+    with pytest.raises(AssertionError, match="head_dim"):
+        fused_ops.qk_norm_rotary_inplace(q, k, q_norm.weight[:8], k_norm.weight, 1e-6, rope.cos_sin_cache,
+                                         positions, head_dim)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("inter", [96, 1000, 1500])
 def test_silu_and_mul(dtype: torch.dtype, inter: int) -> None:
     x = _randn(3, 2 * inter, dtype=dtype, scale=4.0)  # reaches deep into silu's negative tail
@@ -152,7 +178,7 @@ def test_silu_and_mul_keeps_leading_dims() -> None:
 
 def _route_cpu_to_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the layers treat CPU tensors as CUDA ones, so their fused branch runs the interpreted kernels."""
-    for module in (norm, rotary, activation):
+    for module in (norm, rotary, activation, common):
         monkeypatch.setattr(module, "fused_ops_for", lambda x: fused_ops)
 
 
@@ -160,7 +186,7 @@ def _forbid_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(*args: object, **kwargs: object) -> None:
         raise AssertionError("a fused kernel was called")
 
-    for name in ("rms_norm", "fused_add_rms_norm", "rotary_inplace", "silu_and_mul"):
+    for name in ("rms_norm", "fused_add_rms_norm", "rotary_inplace", "qk_norm_rotary_inplace", "silu_and_mul"):
         monkeypatch.setattr(fused_ops, name, boom)
 
 
@@ -172,7 +198,19 @@ def _run_layers(dtype: torch.dtype) -> list[torch.Tensor]:
     heads = head_norm(qkv[:, :256].reshape(5, 4, 64))
     q, k = rope(positions, qkv[:, :256], qkv[:, 256:384])
     act = SiluAndMul()(_randn(5, 192, dtype=dtype))
-    return [layer(x), *layer(x, residual), heads, q.clone(), k.clone(), act]
+    normed_q, normed_k = _qwen3_prologue(dtype)
+    return [layer(x), *layer(x, residual), heads, q.clone(), k.clone(), act, normed_q, normed_k]
+
+
+def _qwen3_prologue(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """DecoderAttention's q/k norm + RoPE as the model calls it (fused on CUDA)."""
+    attention = SimpleNamespace(q_norm=_norm_layer(64, dtype, seed=7), k_norm=_norm_layer(64, dtype, seed=8),
+                                rotary_emb=RotaryEmbedding(64, 1e6, MAX_POS), head_dim=64)
+    attention._head_norm = partial(common.DecoderAttention._head_norm, attention)
+    attention._fused_qk_ops = partial(common.DecoderAttention._fused_qk_ops, attention)
+    _, qkv, positions = _rope_case(dtype, 64, 4, 2)
+    q, k = common.DecoderAttention._norm_and_rotate(attention, positions, qkv[:, :256], qkv[:, 256:384])
+    return q.clone(), k.clone()
 
 
 def test_cpu_path_does_not_call_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,16 +4,15 @@ decode steps give the eager tokens."""
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 import tests.kernels.conftest  # noqa: F401 - TRITON_INTERPRET=1 and the interpreter fixes
 from lamina import LLM, SamplingParams
-from lamina.attention.metadata import AttentionMetadata
 from lamina.worker.cuda_graphs import (CudaGraphRunner, EagerGraph, StaticBuffers, bucket_for, graph_buckets,
-                                       graph_decision, is_decode_only)
+                                       graph_decision)
+from lamina.worker.input_batch import HostBatch
 from tests.helpers.tiny_models import make_tiny_model
 
 CUDA = torch.device("cuda")  # a device object only: nothing is allocated on it
@@ -26,17 +25,13 @@ def test_buckets() -> None:
     assert [bucket_for(n, buckets) for n in (1, 3, 5, 9, 33, 40, 41)] == [1, 4, 8, 16, 40, 40, None]
 
 
-def _decode_batch(tables: list[list[int]], seq_lens: list[int], block_size: int) -> SimpleNamespace:
+def _decode_batch(tables: list[list[int]], seq_lens: list[int], block_size: int) -> HostBatch:
     slots = [t[(n - 1) // block_size] * block_size + (n - 1) % block_size for t, n in zip(tables, seq_lens)]
     width = max(map(len, tables))
-    md = AttentionMetadata(
-        slot_mapping=torch.tensor(slots), query_start_loc=torch.arange(len(tables) + 1, dtype=torch.int32),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
-        max_query_len=1, max_seq_len=max(seq_lens), query_start_loc_cpu=list(range(len(tables) + 1)),
-        seq_lens_cpu=seq_lens)
-    return SimpleNamespace(input_ids=torch.tensor([11, 12, 13][:len(tables)]),
-                           positions=torch.tensor([n - 1 for n in seq_lens]), attn_metadata=md)
+    return HostBatch(input_ids=[11, 12, 13][:len(tables)], positions=[n - 1 for n in seq_lens], slot_mapping=slots,
+                     query_start_loc=list(range(len(tables) + 1)), seq_lens=seq_lens,
+                     block_tables=[t + [0] * (width - len(t)) for t in tables],
+                     logits_indices=list(range(len(tables))), sampling_requests=[])
 
 
 def test_fill_pads_rows_with_slot_minus_one_and_the_null_block() -> None:
@@ -44,18 +39,21 @@ def test_fill_pads_rows_with_slot_minus_one_and_the_null_block() -> None:
     buffers.block_tables.fill_(9)  # stale rows of an earlier, larger batch
     buffers.seq_lens.fill_(77)
     batch = _decode_batch([[3, 5], [7], [2, 4, 6]], [20, 9, 33], block_size=16)
-    assert is_decode_only(batch)
+    assert batch.is_decode_only and batch.max_query_len == 1
     buffers.fill(batch, bucket=4)
     assert buffers.input_ids[:4].tolist() == [11, 12, 13, 0]
     assert buffers.positions[:4].tolist() == [19, 8, 32, 0]
     assert buffers.slot_mapping[:4].tolist() == [5 * 16 + 3, 7 * 16 + 8, 6 * 16 + 0, -1]
     assert buffers.seq_lens[:4].tolist() == [20, 9, 33, 1]
     assert buffers.block_tables[:3, :3].tolist() == [[3, 5, 0], [7, 0, 0], [2, 4, 6]]
-    assert buffers.block_tables[3].tolist() == [0] * 6
+    assert buffers.block_tables[3, :3].tolist() == [0] * 3  # the padding row reads block 0 only
+    assert buffers.block_tables[:, 3:].eq(9).all()  # past the batch's width: stale, never read
     assert buffers.seq_lens[4:].tolist() == [77] * 4  # rows past the bucket are not touched
+    assert buffers.slot_mapping[4:].tolist() == [-1] * 4
     md = buffers.metadata(4, max_model_len=96)
     assert (md.max_query_len, md.max_seq_len, md.num_seqs) == (1, 96, 4)
     assert md.query_start_loc.tolist() == [0, 1, 2, 3, 4] and md.block_tables.shape == (4, 6)
+    assert md.slot_mapping.data_ptr() == buffers.token_rows[2].data_ptr()  # views: a replay sees each fill
 
 
 def test_graph_decision() -> None:
@@ -98,7 +96,7 @@ def test_replayed_decode_steps_equal_eager(model_dir: str) -> None:
     graphs.capture_all()
     replays = []
     original_run = graphs.run
-    graphs.run = lambda batch: replays.append(batch.attn_metadata.num_seqs) or original_run(batch)
+    graphs.run = lambda batch: replays.append(batch.num_seqs) or original_run(batch)
     worker.runner.graphs = graphs
     out = llm.generate(inputs, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in eager]
