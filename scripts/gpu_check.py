@@ -8,7 +8,8 @@
 
 1. Every kernel (store, prefill, decode, the backend on a mixed batch) against torch_ref on random
    inputs at real shapes (head_dim 64..256, GQA 1..8, bf16 / fp16 / fp32, chunk offsets, 1 + k
-   verification, several splits), with NaN-poisoned caches and outputs (tests/kernels/cases.py).
+   verification, several splits), with NaN-poisoned caches and outputs (tests/kernels/cases.py);
+   the fused small ops and the GEMV against the layers' PyTorch path at Qwen3-0.6B / Llama-3-8B shapes.
 2. W5 (see ../shared/BENCHMARKS.md), timed with triton.testing.do_bench (median):
    prefill: causal, head_dim 128, 32 q / 8 KV heads, 16k tokens in sequences of 512..8192 plus
    ragged batches; TFLOP/s = 2 * H * D * sum(n * (n + 1)) / s, against SDPA (flash, K/V expanded to
@@ -99,6 +100,86 @@ def run_check(spec: dict[str, Any], device: str) -> dict[str, Any]:
         ok = False
     name = f"{spec['kind']} {spec['dtype']} H{spec['heads']}/KV{spec['kv']} D{spec['d']} q={spec['q_lens']}"
     return dict(name=name, ok=ok and not out.isnan().any().item(), max_abs_err=err, **spec)
+
+
+def op_checks(device: str) -> list[dict[str, Any]]:
+    """The fused small ops and the GEMV at real shapes (Qwen3-0.6B / Llama-3-8B) against the layers'
+    PyTorch path on the same device (bf16; fp32 on the interpreter)."""
+    import torch
+
+    from lamina.kernels import fused_ops
+    from lamina.layers.activation import SiluAndMul
+    from lamina.layers.norm import RMSNorm
+    from lamina.layers.rotary import RotaryEmbedding
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    gen = torch.Generator(device).manual_seed(0)
+    randn = lambda *shape: torch.randn(*shape, generator=gen, device=device).to(dtype)  # noqa: E731
+    rows: list[dict[str, Any]] = []
+
+    def record(name: str, actual: torch.Tensor, expected: torch.Tensor, rel: float = 2e-2) -> None:
+        scale = expected.float().abs().max().item()
+        err = (actual.float() - expected.float()).abs().max().item()
+        ok = not actual.isnan().any().item() and err <= rel * max(scale, 1e-6)
+        rows.append(dict(name=name, ok=ok, max_abs_err=err))
+
+    tokens = [1, 7] if device == "cuda" else [1, 3]
+    for hidden, heads, kv_heads, inter in [(1024, 16, 8, 3072), (4096, 32, 8, 14336)]:
+        hidden_run = hidden if device == "cuda" else 64
+        norm = RMSNorm(hidden_run).to(device=device, dtype=dtype)
+        norm.weight.data = 1 + 0.1 * randn(hidden_run)
+        for t in tokens:
+            x, res = randn(t, hidden_run), randn(t, hidden_run)
+            norm.use_fused = False
+            ref, ref_res = norm(x, res)
+            out, out_res = fused_ops.fused_add_rms_norm(x, res, norm.weight, norm.variance_epsilon)
+            record(f"add+rms_norm {t}x{hidden_run}", out, ref)
+            record(f"add (residual) {t}x{hidden_run}", out_res, ref_res, rel=0.0)
+            d = 128 if device == "cuda" else 16
+            nq, nk = (heads, kv_heads) if device == "cuda" else (4, 2)
+            rope = RotaryEmbedding(d, 1e6, 8192).to(device)
+            qk = randn(t, (nq + nk) * d)
+            q, k = qk[:, :nq * d], qk[:, nq * d:]
+            pos = torch.randint(0, 8192, (t,), generator=gen, device=device)
+            rope.use_fused = False
+            ref_q, ref_k = rope(pos, q.clone(), k.clone())
+            fused_ops.rotary_inplace(q, k, rope.cos_sin_cache, pos, d)
+            record(f"rotary {t}x({nq}+{nk})x{d}", torch.cat([q, k], 1), torch.cat([ref_q, ref_k], 1), rel=0.0)
+            q_norm, k_norm = RMSNorm(d).to(device=device, dtype=dtype), RMSNorm(d).to(device=device, dtype=dtype)
+            q_norm.weight.data, k_norm.weight.data = 1 + 0.1 * randn(d), 1 + 0.1 * randn(d)
+            q_norm.use_fused = k_norm.use_fused = False
+            qk = randn(t, (nq + nk) * d)
+            q, k = qk[:, :nq * d], qk[:, nq * d:]
+            ref_q, ref_k = rope(pos, q_norm(q.view(t, nq, d)).view(t, -1), k_norm(k.view(t, nk, d)).view(t, -1))
+            fused_ops.qk_norm_rotary_inplace(q, k, q_norm.weight, k_norm.weight, q_norm.variance_epsilon,
+                                             rope.cos_sin_cache, pos, d)
+            record(f"qk_norm+rotary {t}x({nq}+{nk})x{d}", torch.cat([q, k], 1), torch.cat([ref_q, ref_k], 1))
+            inter_run = inter if device == "cuda" else 48
+            act, silu = randn(t, 2 * inter_run), SiluAndMul()
+            silu.use_fused = False
+            record(f"silu_and_mul {t}x{inter_run}", fused_ops.silu_and_mul(act), silu(act))
+    return rows + gemv_checks(device, dtype)
+
+
+def gemv_checks(device: str, dtype: Any) -> list[dict[str, Any]]:
+    """The decode GEMV at every Qwen3-0.6B / Llama-3-8B weight shape, 1..4 rows, against F.linear."""
+    import torch
+    import torch.nn.functional as F
+
+    from lamina.kernels.gemv import MAX_M, gemv
+    shapes = [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (151936, 1024), (6144, 4096),
+              (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)] if device == "cuda" else [(40, 72)]
+    gen = torch.Generator(device).manual_seed(1)
+    rows = []
+    for n, k in shapes:
+        weight = (torch.randn(n, k, generator=gen, device=device) / k ** 0.5).to(dtype)
+        for m in sorted({1, 2, MAX_M}):
+            x = torch.randn(m, k, generator=gen, device=device).to(dtype)
+            out, ref = gemv(x, weight).float(), F.linear(x, weight).float()
+            err = (out - ref).abs().max().item()
+            ok = not out.isnan().any().item() and err <= 2e-2 * max(ref.abs().max().item(), 1e-6)
+            rows.append(dict(name=f"gemv {m}x{k} @ {n}x{k}", ok=ok, max_abs_err=err))
+    return rows
 
 
 def prefill_flops(lens: list[int]) -> float:
@@ -259,7 +340,7 @@ def main() -> int:
         parser.error("no CUDA device: use --dry-run")
     report: dict[str, Any] = dict(torch=torch.__version__, triton=triton.__version__,
                                   device=torch.cuda.get_device_name() if device == "cuda" else "cpu (interpreter)")
-    report["checks"] = [run_check(spec, device) for spec in checks(tiny=args.dry_run)]
+    report["checks"] = [run_check(spec, device) for spec in checks(tiny=args.dry_run)] + op_checks(device)
     for c in report["checks"]:
         print(f"{'ok  ' if c['ok'] else 'FAIL'} {c['name']}  max|err| {c['max_abs_err']:.2e}")
     if args.dry_run:

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lamina.layers.linear import copy_checked, set_weight_attrs, tensor_parallel_rank_and_size
+from lamina.layers.linear import copy_checked, set_weight_attrs, small_batch_matmul, tensor_parallel_rank_and_size
 
 
 class VocabEmbedding(nn.Module):
@@ -61,7 +61,7 @@ class ParallelLMHead(nn.Module):
         """[N, hidden] -> [N, vocab] float32 logits (the matmul runs in the model dtype)."""
         if self.tp_size > 1:
             raise NotImplementedError("vocab-parallel logits gather arrives with lamina.distributed")
-        return F.linear(hidden, self.weight).float()
+        return small_batch_matmul(hidden, self.weight).float()
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.weight.shape[1]}"

@@ -13,7 +13,9 @@ Fused layouts (output rows of the fused weight, one rank):
 """
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -56,8 +58,43 @@ class QuantMethod(ABC):
         """Compute the layer's output for `x` [..., input_size]."""
 
 
+GEMV_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@functools.cache
+def _load_gemv() -> ModuleType | None:
+    try:
+        from lamina.kernels import gemv
+    except ImportError:  # no triton: cuBLAS everywhere
+        return None
+    return gemv
+
+
+def gemv_for(x: torch.Tensor, weight: torch.Tensor) -> ModuleType | None:
+    """The Triton GEMV module (lamina.kernels.gemv) when x is a 16-bit CUDA tensor of at most
+    gemv.MAX_M rows and triton imports; else None (cuBLAS)."""
+    if not (UnquantizedLinearMethod.use_gemv and x.is_cuda and x.dtype in GEMV_DTYPES
+            and weight.dtype == x.dtype and weight.is_contiguous()):
+        return None
+    gemv = _load_gemv()
+    rows = x.numel() // max(1, x.shape[-1])
+    return gemv if gemv is not None and 1 <= rows <= gemv.MAX_M else None
+
+
+def small_batch_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+                       ) -> torch.Tensor:
+    """x [..., K] @ weight[N, K].T (+ bias). A decode step's few rows go to the Triton GEMV (1.04-3.9x
+    cuBLAS on the H200 at one row: lamina/bench/gemv_sweep.py), the rest to F.linear."""
+    gemv = gemv_for(x, weight)
+    if gemv is None:
+        return F.linear(x, weight, bias)
+    return gemv.gemv(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+
 class UnquantizedLinearMethod(QuantMethod):
     """A plain dense weight [output_size, input_size] in the model dtype."""
+
+    use_gemv: bool = True  # False: always F.linear (cuBLAS), also for decode-sized batches
 
     def create_weights(self, layer: LinearBase, input_size: int, output_sizes: list[int],
                        params_dtype: torch.dtype) -> None:
@@ -67,7 +104,7 @@ class UnquantizedLinearMethod(QuantMethod):
         layer.register_parameter("weight", weight)
 
     def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return F.linear(x, layer.weight, bias)
+        return small_batch_matmul(x, layer.weight, bias)
 
 
 class LinearBase(nn.Module):
