@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The H200 runs of issue #4, one step per argument, logs and JSON under $OUT (the device tool's
+# output folder; ./out elsewhere). A failing step is reported and the next one still runs.
+#
+#   scripts/run_h200.sh check w2-qwen w1 profile        # kernels + W5, W2 Qwen3 (lamina), W1 (lamina)
+#   scripts/run_h200.sh w1-peer w2-qwen-peer w2-llama-peer   # each lamina run with HF in the same process
+#
+# Steps:  check          scripts/gpu_check.py --quick (kernel + op checks at real shapes, W5)
+#         gemv           lamina.bench.gemv_sweep (decode GEMV vs cuBLAS, all W2 shapes)
+#         w1 | w1-peer   lamina.bench.offline --workload w1 [--peer hf]
+#         w2-qwen | w2-qwen-peer | w2-llama | w2-llama-peer   lamina.bench.offline --workload w2 ...
+#         profile        scripts/profile_decode.py (W2 Qwen3 decode step: GPU kernels vs host)
+set -u
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+status=0
+
+run() {  # run NAME CMD...: tee the output to $OUT/NAME.log, remember a failure
+    local name=$1
+    shift
+    echo "=== $name: $* ($(date -u +%H:%M:%S))"
+    local start=$SECONDS
+    set -o pipefail
+    "$@" 2>&1 | tee "$OUT/$name.log" | grep -v "^ok " || { echo "!!! $name failed"; status=1; }
+    echo "=== $name took $((SECONDS - start)) s"
+}
+
+offline() {  # offline NAME WORKLOAD SHAPE PEER
+    run "$1" python -m lamina.bench.offline --workload "$2" --shape "$3" --peer "$4" --result-file "$OUT/$1.json"
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
+for step in "$@"; do
+    case $step in
+        check) run gpu_check python scripts/gpu_check.py --quick ;;
+        gemv) run gemv python -m lamina.bench.gemv_sweep --result-file "$OUT/gemv.json" ;;
+        w1) offline w1 w1 qwen3-0.6b none ;;
+        w1-peer) offline w1-peer w1 qwen3-0.6b hf ;;
+        w2-qwen) offline w2-qwen w2 qwen3-0.6b none ;;
+        w2-qwen-peer) offline w2-qwen-peer w2 qwen3-0.6b hf ;;
+        w2-llama) offline w2-llama w2 llama3-8b none ;;
+        w2-llama-peer) offline w2-llama-peer w2 llama3-8b hf ;;
+        profile) run profile python scripts/profile_decode.py --shape qwen3-0.6b ;;
+        *) echo "unknown step: $step"; status=2 ;;
+    esac
+done
+exit $status
