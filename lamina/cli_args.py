@@ -35,6 +35,7 @@ _HELP = {
     "gpu_memory_utilization": "CUDA: share of GPU memory for weights, activations and the KV cache, in (0, 1]",
     "enforce_eager": "never capture CUDA graphs (decode batches are captured on CUDA with the triton backend)",
     "cuda_graph_max_batch_size": "largest decode batch captured as a CUDA graph",
+    "async_scheduling": "launch the next decode step while the host processes the current one's tokens",
     "temperature": "0 = greedy",
     "top_k": "0 or -1 = off",
     "sampling_seed": "seed of this request's own random generator",

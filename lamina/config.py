@@ -103,6 +103,8 @@ class EngineConfig:
     attention_backend: str = "auto"
     enforce_eager: bool = False  # True: no CUDA graphs (they are used on CUDA with the triton backend)
     cuda_graph_max_batch_size: int = 256  # decode batches up to this size are captured
+    # Launch the next decode step before the current one's tokens reach the host (scheduler.schedule_ahead)
+    async_scheduling: bool = True
 
     def __post_init__(self) -> None:
         _require(self.device in DEVICES, "device", f"must be one of {DEVICES}, got {self.device!r}")
@@ -110,6 +112,8 @@ class EngineConfig:
                  f"must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         _require(isinstance(self.enforce_eager, bool), "enforce_eager",
                  f"must be a bool, got {self.enforce_eager!r}")
+        _require(isinstance(self.async_scheduling, bool), "async_scheduling",
+                 f"must be a bool, got {self.async_scheduling!r}")
         size = self.cuda_graph_max_batch_size
         _require(isinstance(size, int) and not isinstance(size, bool) and size > 0,
                  "cuda_graph_max_batch_size", f"must be a positive integer, got {size!r}")

@@ -31,7 +31,7 @@ class LLM:
                  skip_tokenizer_init: bool = False, tokenizer: str | None = None, max_logprobs: int = 20,
                  attention_backend: str = "auto", load_format: str = "auto",
                  gpu_memory_utilization: float = 0.9, enforce_eager: bool = False,
-                 cuda_graph_max_batch_size: int = 256) -> None:
+                 cuda_graph_max_batch_size: int = 256, async_scheduling: bool = True) -> None:
         config = EngineConfig(
             model_config=ModelConfig(model=model, dtype=dtype, max_model_len=max_model_len, seed=seed,
                                      skip_tokenizer_init=skip_tokenizer_init, tokenizer=tokenizer,
@@ -43,7 +43,7 @@ class LLM:
             scheduler_config=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens,
                                              max_num_seqs=max_num_seqs),
             device=device, attention_backend=attention_backend, enforce_eager=enforce_eager,
-            cuda_graph_max_batch_size=cuda_graph_max_batch_size)
+            cuda_graph_max_batch_size=cuda_graph_max_batch_size, async_scheduling=async_scheduling)
         self.engine = LLMEngine(config)
 
     def get_tokenizer(self) -> Tokenizer | None:

@@ -12,6 +12,7 @@ from lamina.config import EngineConfig
 from lamina.engine.input_processor import InputLimits, InputProcessor, PromptType
 from lamina.engine.output_processor import OutputProcessor
 from lamina.engine.request import Request, RequestStatus
+from lamina.engine.interfaces import SchedulerOutput
 from lamina.engine.scheduler import Scheduler
 from lamina.engine.stats import SchedulerStats
 from lamina.kv.kv_manager import KVCacheManager
@@ -19,6 +20,7 @@ from lamina.loader.hf_config import load_generation_config, load_model_arch
 from lamina.loader.tokenizer import Tokenizer
 from lamina.outputs import RequestOutput
 from lamina.sampling_params import SamplingParams
+from lamina.worker.model_runner import PendingStep
 from lamina.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -41,6 +43,7 @@ class LLMEngine:
         self.input_processor = InputProcessor(self.tokenizer, limits, self._eos_token_ids())
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
+        self._inflight: tuple[SchedulerOutput, PendingStep] | None = None  # launched, not yet processed
 
     def _eos_token_ids(self) -> frozenset[int]:
         if self.tokenizer is not None:
@@ -79,13 +82,26 @@ class LLMEngine:
         return self.output_processor.abort(request_id)
 
     def step(self) -> list[RequestOutput]:
-        scheduled = self.scheduler.schedule()
-        if scheduled.is_empty and self.scheduler.has_unfinished_requests() and not self.scheduler.running:
-            raise RuntimeError("scheduler made no progress: no waiting request could be admitted into an "
-                               "empty engine (this is a bug; please report it)")
-        runner_output = self.worker.execute(scheduled)
-        changed = self.scheduler.update_from_output(scheduled, runner_output)
-        return self.output_processor.process(changed, self._stop_string_found)
+        """Run one step and return its outputs. With async_scheduling, the step after it is launched
+        first when the scheduler can decide it already (Scheduler.schedule_ahead): the device then
+        computes it while the host turns this step's tokens into outputs."""
+        if self._inflight is None:
+            scheduled = self.scheduler.schedule()
+            if scheduled.is_empty and self.scheduler.has_unfinished_requests() and not self.scheduler.running:
+                raise RuntimeError("scheduler made no progress: no waiting request could be admitted into an "
+                                   "empty engine (this is a bug; please report it)")
+            pending = self.worker.launch(scheduled)
+        else:
+            (scheduled, pending), self._inflight = self._inflight, None
+        if self.config.async_scheduling:
+            ahead = self.scheduler.schedule_ahead(scheduled)
+            if ahead is not None:
+                self._inflight = (ahead, self.worker.launch(ahead, previous=pending))
+        changed = self.scheduler.update_from_output(scheduled, pending.result())
+        outputs = self.output_processor.process(changed, self._stop_string_found)
+        if self._inflight is not None and all(r.is_finished for r in self._inflight[0].requests):
+            self._inflight = None  # nothing left in it to wait for (its device work is stream-ordered)
+        return outputs
 
     def _stop_string_found(self, request: Request, stop: str) -> None:
         if request.is_finished:  # ended by length in the same step, but the stop string ended the text

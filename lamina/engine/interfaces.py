@@ -14,12 +14,17 @@ class SchedulerOutput:
     `requests` is the batch in order; request r computes the tokens
     all_token_ids[r.num_computed_tokens : r.num_computed_tokens + num_scheduled_tokens[id]]
     (drafts appended after the verified tokens), writing their KV into r.block_ids.
+
+    A `decode_ahead` step (Scheduler.schedule_ahead) was scheduled while the step before it was still
+    running: request r computes one token at position r.num_tokens, the token that step samples for
+    it, which the model runner takes from that step's output on the device.
     """
 
     requests: list[Request]
     num_scheduled_tokens: dict[str, int]
     preempted_req_ids: list[str] = field(default_factory=list)
     finished_req_ids: list[str] = field(default_factory=list)  # freed since the last step
+    decode_ahead: bool = False
 
     @property
     def total_num_scheduled_tokens(self) -> int:

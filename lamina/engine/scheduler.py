@@ -147,6 +147,46 @@ class Scheduler:
         self.stats.num_preemptions += 1
         self.waiting.appendleft(request)
 
+    def schedule_ahead(self, inflight: SchedulerOutput) -> SchedulerOutput | None:
+        """The decode step after `inflight`, a step launched but whose tokens the host has not seen;
+        None when that step cannot be decided before they arrive.
+
+        Every request of `inflight` that samples a token there and cannot run out of length with it
+        decodes one more token (at position num_tokens: the token `inflight` samples, read on the
+        device). None when anything needs the host to see the tokens first: a waiting request (to
+        admit), a running request outside `inflight` or one mid-prompt or with drafts, penalties or
+        min_tokens (they read the output so far), or KV blocks short (preemption). A request that
+        stops on a token of `inflight` (EOS, stop token, stop string) computes one token for nothing:
+        `update_from_output` drops the results of finished requests.
+        """
+        if self.waiting or len(self.running) != sum(not r.is_finished for r in inflight.requests):
+            return None
+        batch: list[Request] = []
+        for request in inflight.requests:
+            if request.is_finished:
+                continue
+            scheduled = inflight.num_scheduled_tokens[request.request_id]
+            if request.spec_token_ids or request.num_computed_tokens + scheduled != request.num_tokens:
+                return None  # drafts, or mid-prompt: no token sampled in `inflight`
+            if _reads_its_output(request):
+                return None
+            if not self._runs_out_with_one_more(request):
+                batch.append(request)
+        for request in batch:
+            if not self.kv.allocate_slots(request, inflight.num_scheduled_tokens[request.request_id] + 1):
+                return None  # blocks taken so far stay with their requests: the next steps use them
+        if not batch:
+            return None
+        freed, self._freed_ids = self._freed_ids, []
+        return SchedulerOutput(requests=batch, num_scheduled_tokens={r.request_id: 1 for r in batch},
+                               finished_req_ids=freed, decode_ahead=True)
+
+    def _runs_out_with_one_more(self, request: Request) -> bool:
+        """The next sampled token ends the request by length (max_tokens or max_model_len)."""
+        max_tokens = request.sampling_params.max_tokens
+        return ((max_tokens is not None and request.num_output_tokens + 1 >= max_tokens)
+                or request.num_tokens + 1 >= self.max_model_len)
+
     # ---- after the model ran -------------------------------------------------------------
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
@@ -156,6 +196,8 @@ class Scheduler:
         now = time.monotonic()
         changed: list[Request] = []
         for request in scheduler_output.requests:
+            if request.is_finished:  # ended while this step ran ahead (stop, abort): its result is void
+                continue
             request.num_computed_tokens += scheduler_output.num_scheduled_tokens[request.request_id]
             tokens = runner_output.sampled_token_ids.get(request.request_id)
             if tokens:
@@ -222,3 +264,10 @@ class Scheduler:
         stats.kv_usage = kv.usage
         stats.prefix_cache_queries, stats.prefix_cache_hits = kv.stats.queries, kv.stats.hits
         return stats
+
+
+def _reads_its_output(request: Request) -> bool:
+    """Sampling that depends on the tokens generated so far (so it cannot run ahead of them)."""
+    params = request.sampling_params
+    return (params.repetition_penalty != 1.0 or params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
+            or request.num_output_tokens < params.min_tokens)

@@ -194,11 +194,13 @@ class CudaGraphRunner:
         return (bool(self.graphs) and batch.is_decode_only and batch.num_seqs <= self.buckets[-1]
                 and len(batch.block_tables[0]) <= self.max_blocks_per_seq)
 
-    def run(self, batch: HostBatch) -> torch.Tensor:
+    def run(self, batch: HostBatch, input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states [n, hidden] of a decode-only batch (a view of the graph's output: use it
-        before the next replay)."""
+        before the next replay). `input_ids` [n], on the device, replace the batch's."""
         n = batch.num_seqs
         bucket = bucket_for(n, self.buckets)
         self.buffers.fill(batch, bucket)
+        if input_ids is not None:
+            self.buffers.input_ids[:n].copy_(input_ids)
         self.graphs[bucket].replay()
         return self.outputs[bucket][:n]

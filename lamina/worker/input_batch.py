@@ -6,6 +6,8 @@ then as device tensors (`InputBatch`) in two copies.
       slot_mapping += block_ids[p // bs] * bs + p % bs   for p in [c, c + q)
       seq_lens    += c + q
       logits index = last flattened token of r, only if c + q reaches the end of r's tokens
+    a decode_ahead step: one token at position num_tokens (c = num_tokens, q = 1), input id 0 until the
+    model runner writes the in-flight step's sample there
 
 The device copy packs the int64 lists (ids, positions, slots, logits rows) into one host tensor and
 the int32 ones (query starts, seq lens, block tables) into another: two non-blocking host-to-device
@@ -78,15 +80,19 @@ def plan_batch(scheduled: SchedulerOutput, block_size: int) -> HostBatch:
     logits_indices: list[int] = []
     sampling: list[Request] = []
     for request in scheduled.requests:
-        start = request.num_computed_tokens
-        end = start + scheduled.num_scheduled_tokens[request.request_id]
-        input_ids += _token_slice(request, start, end)
+        if scheduled.decode_ahead:  # the token the step in flight samples: the runner fills in its id
+            start, end = request.num_tokens, request.num_tokens + 1
+            input_ids.append(0)
+        else:
+            start = request.num_computed_tokens
+            end = start + scheduled.num_scheduled_tokens[request.request_id]
+            input_ids += _token_slice(request, start, end)
         blocks = request.block_ids
         positions += range(start, end)
         slots += [blocks[pos // block_size] * block_size + pos % block_size for pos in range(start, end)]
         query_start.append(len(input_ids))
         seq_lens.append(end)
-        if end >= request.num_tokens:
+        if end >= request.num_tokens:  # (always, ahead)
             logits_indices.append(len(input_ids) - 1)
             sampling.append(request)
     width = max(len(r.block_ids) for r in scheduled.requests)

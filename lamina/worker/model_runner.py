@@ -1,14 +1,73 @@
-"""ModelRunner: the only place that builds tensors. One call runs one engine step."""
+"""ModelRunner: the only place that builds tensors. One call launches one engine step.
+
+`launch` queues a step's work on the device and returns a `PendingStep`, whose sampled tokens stay on
+the device until `result()` reads them (the step's one host sync). A `decode_ahead` step is launched
+before the previous step's result is read: its input ids are that step's samples, copied on the device.
+"""
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
 from lamina.attention.metadata import set_attention_metadata
 from lamina.engine.interfaces import ModelRunnerOutput, SchedulerOutput
 from lamina.engine.request import Request
-from lamina.layers.sampler import Sampler, SamplerOutput, SamplingMetadata, to_logprob_dicts
+from lamina.layers.sampler import LogprobsTensors, Sampler, SamplingMetadata, to_logprob_dicts
 from lamina.worker.cuda_graphs import CudaGraphRunner
 from lamina.worker.input_batch import HostBatch, plan_batch, to_device
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """Queue a copy of a device tensor into pinned host memory (CPU tensors are returned as they are)."""
+    if t.device.type == "cpu":
+        return t
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return host.copy_(t, non_blocking=True)
+
+
+@dataclass
+class PendingStep:
+    """A launched step: row i of `sampled` is the token of requests[i], still on the device.
+
+    The copies to the host are queued right behind the step's own work, before any later step is
+    launched, so `result()` waits for this step only, not for the one launched after it.
+    """
+
+    requests: list[Request]
+    sampled: torch.Tensor | None  # [S] int64 on the device; None when no request samples
+    logprobs: LogprobsTensors | None = None
+
+    def __post_init__(self) -> None:
+        self._host_sampled = None if self.sampled is None else _to_host(self.sampled)
+        self._host_logprobs = None
+        if self.logprobs is not None:
+            fields = dataclasses.fields(self.logprobs)  # (astuple would deep-copy the tensors)
+            self._host_logprobs = LogprobsTensors(*(_to_host(getattr(self.logprobs, f.name)) for f in fields))
+        self._done = None
+        if self.sampled is not None and self.sampled.is_cuda:
+            self._done = torch.cuda.Event()
+            self._done.record()
+
+    def row_of(self, request_id: str) -> int | None:
+        return next((i for i, r in enumerate(self.requests) if r.request_id == request_id), None)
+
+    def result(self) -> ModelRunnerOutput:
+        """Wait for the step and return its tokens (and logprobs) on the host."""
+        if self._host_sampled is None:
+            return ModelRunnerOutput(sampled_token_ids={})
+        if self._done is not None:
+            self._done.synchronize()
+        token_ids = self._host_sampled.tolist()
+        sampled = {r.request_id: [t] for r, t in zip(self.requests, token_ids)}
+        logprobs = {}
+        if self._host_logprobs is not None:
+            rows = to_logprob_dicts(self._host_logprobs, token_ids,
+                                    [r.sampling_params.logprobs for r in self.requests])
+            logprobs = {r.request_id: [row] for r, row in zip(self.requests, rows) if row is not None}
+        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs)
 
 
 class ModelRunner:
@@ -22,40 +81,51 @@ class ModelRunner:
         self._generators: dict[str, torch.Generator] = {}
         self.graphs: CudaGraphRunner | None = None  # set by the Worker when decode steps are captured
 
-    @torch.inference_mode()
     def execute(self, scheduled: SchedulerOutput) -> ModelRunnerOutput:
+        return self.launch(scheduled).result()
+
+    @torch.inference_mode()
+    def launch(self, scheduled: SchedulerOutput, previous: PendingStep | None = None) -> PendingStep:
+        """Queue the step on the device. A decode_ahead step needs `previous`, the step it follows."""
         for request_id in scheduled.finished_req_ids:
             self._generators.pop(request_id, None)
         if scheduled.is_empty:
-            return ModelRunnerOutput(sampled_token_ids={})
+            return PendingStep([], None)
         host = plan_batch(scheduled, self.block_size)
-        hidden = self._forward(host)
+        ahead_ids = self._ahead_input_ids(scheduled, previous) if scheduled.decode_ahead else None
+        hidden = self._forward(host, ahead_ids)
         if not host.sampling_requests:
-            return ModelRunnerOutput(sampled_token_ids={})
+            return PendingStep([], None)
         logits = self.model.compute_logits(hidden)
-        return self._sample(logits, host.sampling_requests)
+        requests = host.sampling_requests
+        metadata = SamplingMetadata.from_requests(requests, self._generators_for(requests), self.vocab_size,
+                                                  self.device)
+        out = self.sampler(logits, metadata)
+        return PendingStep(requests, out.sampled_token_ids, out.logprobs)
 
-    def _forward(self, host: HostBatch) -> torch.Tensor:
+    def _ahead_input_ids(self, scheduled: SchedulerOutput, previous: PendingStep | None) -> torch.Tensor:
+        """The tokens `previous` samples for the requests of a decode_ahead step, in batch order."""
+        if previous is None or previous.sampled is None:
+            raise ValueError("a decode_ahead step needs the pending step it follows")
+        rows = [previous.row_of(r.request_id) for r in scheduled.requests]
+        if None in rows:
+            raise ValueError("a decode_ahead request does not sample in the pending step")
+        if rows == list(range(len(rows))):
+            return previous.sampled[:len(rows)]
+        index = torch.from_numpy(np.array(rows, dtype=np.int64)).to(self.device, non_blocking=True)
+        return previous.sampled.index_select(0, index)
+
+    def _forward(self, host: HostBatch, ahead_ids: torch.Tensor | None) -> torch.Tensor:
         """Hidden states of the rows that sample. Decode-only batches replay a captured graph when
-        there is one (every row samples); the rest run eagerly."""
+        there is one (every row samples); the rest run eagerly. `ahead_ids` overwrite the input ids."""
         if self.graphs is not None and self.graphs.can_run(host):
-            return self.graphs.run(host)
+            return self.graphs.run(host, ahead_ids)
         batch = to_device(host, self.device)
+        if ahead_ids is not None:
+            batch.input_ids.copy_(ahead_ids)
         with set_attention_metadata(batch.attn_metadata):
             hidden = self.model(batch.input_ids, batch.positions)
         return hidden[batch.logits_indices]
-
-    def _sample(self, logits: torch.Tensor, requests: list[Request]) -> ModelRunnerOutput:
-        metadata = SamplingMetadata.from_requests(requests, self._generators_for(requests),
-                                                  self.vocab_size, self.device)
-        out: SamplerOutput = self.sampler(logits, metadata)
-        token_ids = out.sampled_token_ids.tolist()
-        sampled = {r.request_id: [t] for r, t in zip(requests, token_ids)}
-        logprobs = {}
-        if out.logprobs is not None:
-            rows = to_logprob_dicts(out.logprobs, token_ids, [r.sampling_params.logprobs for r in requests])
-            logprobs = {r.request_id: [row] for r, row in zip(requests, rows) if row is not None}
-        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs)
 
     def _generators_for(self, requests: list[Request]) -> dict[str, torch.Generator]:
         """A request with a seed owns a generator for its whole life (so its samples do not

@@ -13,7 +13,7 @@ from lamina.loader.hf_config import ModelArch, check_model_len
 from lamina.loader.model_loader import load_model
 from lamina.worker.cuda_graphs import CudaGraphRunner, graph_decision
 from lamina.worker.kv_sizing import blocks_for_utilization, profile_peak_bytes
-from lamina.worker.model_runner import ModelRunner
+from lamina.worker.model_runner import ModelRunner, PendingStep
 
 logger = logging.getLogger(__name__)
 
@@ -127,3 +127,6 @@ class Worker:
 
     def execute(self, scheduled: SchedulerOutput) -> ModelRunnerOutput:
         return self.runner.execute(scheduled)
+
+    def launch(self, scheduled: SchedulerOutput, previous: PendingStep | None = None) -> PendingStep:
+        return self.runner.launch(scheduled, previous)

@@ -192,3 +192,70 @@ def test_finish_request_aborts_and_frees():
     assert r.finish_reason == "abort" and not s.has_unfinished_requests()
     s.kv.check_integrity()
     assert s.schedule().finished_req_ids == ["a"]
+
+
+# ---- scheduling ahead of a step in flight -----------------------------------------------------------
+
+
+def ahead_output(ahead: SchedulerOutput, token: int) -> ModelRunnerOutput:
+    return ModelRunnerOutput(sampled_token_ids={r.request_id: [token] for r in ahead.requests})
+
+
+def test_schedule_ahead_decodes_the_next_position_and_skips_length_finishers():
+    s = make_scheduler()
+    a, b = make_request("a", 6, max_tokens=8), make_request("b", 3, max_tokens=2)
+    s.add_request(a)
+    s.add_request(b)
+    step(s)  # both prompts: first tokens sampled
+    inflight = s.schedule()  # a decodes its 2nd token, b its 2nd and last
+    ahead = s.schedule_ahead(inflight)
+    assert ahead is not None and ahead.decode_ahead and ahead.requests == [a]  # b ends by length in `inflight`
+    assert ahead.num_scheduled_tokens == {"a": 1}
+    assert len(a.block_ids) * BS >= a.num_tokens + 1  # room for position num_tokens (the in-flight token)
+    s.update_from_output(inflight, fake_output(inflight, token=9))
+    assert b.is_finished and a.num_computed_tokens == a.num_tokens - 1 == 7
+    s.update_from_output(ahead, ahead_output(ahead, token=11))
+    assert a.num_computed_tokens == 8 and a.output_token_ids[-2:] == [9, 11]
+    s.kv.check_integrity()
+
+
+def test_schedule_ahead_chains_and_drops_results_of_requests_that_stopped():
+    s = make_scheduler()
+    a, b = make_request("a", 5, max_tokens=50), make_request("b", 5, max_tokens=50, base=9)
+    s.add_request(a)
+    s.add_request(b)
+    step(s)
+    first = s.schedule()
+    second = s.schedule_ahead(first)
+    s.update_from_output(first, ModelRunnerOutput(sampled_token_ids={"a": [0], "b": [3]}))  # a: EOS
+    assert a.is_finished and a.status == RequestStatus.FINISHED_STOPPED
+    third = s.schedule_ahead(second)  # a is gone: b alone
+    assert third is not None and third.requests == [b]
+    changed = s.update_from_output(second, ahead_output(second, token=4))
+    assert changed == [b] and a.output_token_ids == [7 + 5 % 5, 0]  # a's ahead token is dropped
+    s.update_from_output(third, ahead_output(third, token=5))
+    assert b.output_token_ids[-3:] == [3, 4, 5] and b.num_computed_tokens == b.num_tokens - 1
+    s.kv.check_integrity()
+
+
+def test_schedule_ahead_waits_for_the_tokens_when_it_must():
+    s = make_scheduler()
+    a = make_request("a", 5, max_tokens=50)
+    s.add_request(a)
+    step(s)
+    inflight = s.schedule()
+    s.add_request(make_request("w", 3))
+    assert s.schedule_ahead(inflight) is None  # a waiting request is admitted by schedule()
+    s = make_scheduler(budget=4)
+    long = make_request("long", 10)
+    s.add_request(long)
+    assert s.schedule_ahead(s.schedule()) is None  # mid-prompt: nothing sampled in flight
+    for params in (dict(frequency_penalty=0.5), dict(repetition_penalty=1.2), dict(min_tokens=3)):
+        s = make_scheduler()
+        s.add_request(make_request("p", 5, max_tokens=50, **params))
+        step(s)
+        assert s.schedule_ahead(s.schedule()) is None, params  # sampling reads the output so far
+    s = make_scheduler(num_blocks=3)  # 2 usable blocks of 4 tokens: a's next position needs a third
+    s.add_request(make_request("full", 7, max_tokens=50))
+    step(s)
+    assert s.schedule_ahead(s.schedule()) is None

@@ -96,7 +96,7 @@ def test_replayed_decode_steps_equal_eager(model_dir: str) -> None:
     graphs.capture_all()
     replays = []
     original_run = graphs.run
-    graphs.run = lambda batch: replays.append(batch.num_seqs) or original_run(batch)
+    graphs.run = lambda batch, ids=None: replays.append(batch.num_seqs) or original_run(batch, ids)
     worker.runner.graphs = graphs
     out = llm.generate(inputs, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in eager]
