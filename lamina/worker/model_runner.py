@@ -46,13 +46,16 @@ class PendingStep:
         if self.logprobs is not None:
             fields = dataclasses.fields(self.logprobs)  # (astuple would deep-copy the tensors)
             self._host_logprobs = LogprobsTensors(*(_to_host(getattr(self.logprobs, f.name)) for f in fields))
+        self._rows: dict[str, int] | None = None
         self._done = None
         if self.sampled is not None and self.sampled.is_cuda:
             self._done = torch.cuda.Event()
             self._done.record()
 
     def row_of(self, request_id: str) -> int | None:
-        return next((i for i, r in enumerate(self.requests) if r.request_id == request_id), None)
+        if self._rows is None:
+            self._rows = {r.request_id: i for i, r in enumerate(self.requests)}
+        return self._rows.get(request_id)
 
     def result(self) -> ModelRunnerOutput:
         """Wait for the step and return its tokens (and logprobs) on the host."""
