@@ -3,7 +3,8 @@
     python scripts/profile_decode.py [--shape qwen3-0.6b] [--steps 32]
 
 Runs torch.profiler over `--steps` decode steps after a warm-up and prints the top ops by CUDA time
-and by CPU time, plus wall ms per step, so host overhead and GPU time can be told apart.
+and by CPU time, plus wall ms per step and how much of it the host spends waiting for the device's
+tokens, so host overhead and GPU time can be told apart.
 """
 from __future__ import annotations
 
@@ -20,6 +21,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lamina import LLM, SamplingParams  # noqa: E402
 from lamina.bench.offline import write_config  # noqa: E402
+from lamina.worker.model_runner import PendingStep  # noqa: E402
+
+
+def time_result_waits() -> list[float]:
+    """Seconds each PendingStep.result() call blocks (the host waiting for the device)."""
+    waits: list[float] = []
+    original = PendingStep.result
+
+    def timed(self: PendingStep) -> object:
+        start = time.perf_counter()
+        out = original(self)
+        waits.append(time.perf_counter() - start)
+        return out
+
+    PendingStep.result = timed
+    return waits
 
 
 def main() -> None:
@@ -37,11 +54,15 @@ def main() -> None:
         for _ in range(20):  # prefill + warm decode steps
             engine.step()
         torch.cuda.synchronize()
+        waits = time_result_waits()
         start = time.perf_counter()
         for _ in range(args.steps):
             engine.step()
         torch.cuda.synchronize()
-        print(f"wall ms/step (no profiler): {(time.perf_counter() - start) / args.steps * 1e3:.3f}")
+        wall = (time.perf_counter() - start) / args.steps * 1e3
+        print(f"wall ms/step (no profiler): {wall:.3f}, of which the host waits for the device "
+              f"{sum(waits) / args.steps * 1e3:.3f} (async_scheduling={engine.config.async_scheduling})")
+        waits.clear()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(args.steps):
                 engine.step()
