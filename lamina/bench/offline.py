@@ -90,11 +90,50 @@ def run_w1(llm: LLM, prompts: list[list[int]], outputs: list[int]) -> dict[str, 
     warm = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     llm.generate([{"prompt_token_ids": prompts[0]}], warm, use_tqdm=False)
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in outputs]
+    trace = StepTrace(llm.engine)
     start = time.perf_counter()
     done = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     seconds = time.perf_counter() - start
     tokens = sum(len(o.outputs[0].token_ids) for o in done)
-    return dict(output_tokens=tokens, seconds=seconds, tok_per_s=tokens / seconds, requests=len(prompts))
+    return dict(output_tokens=tokens, seconds=seconds, tok_per_s=tokens / seconds, requests=len(prompts),
+                steps=trace.summary())
+
+
+class StepTrace:
+    """Per engine step: wall time, the host's wait for the device's tokens, and the step's kind
+    (prefill: any request computes more than one token; decode ahead: launched by schedule_ahead)."""
+
+    def __init__(self, engine: Any) -> None:
+        from lamina.worker.model_runner import PendingStep
+        self.rows: list[tuple[str, float, float]] = []
+        self._wait = 0.0
+        step, result = engine.step, PendingStep.result
+
+        def timed_result(pending: PendingStep) -> Any:
+            start = time.perf_counter()
+            out = result(pending)
+            self._wait += time.perf_counter() - start
+            return out
+
+        def timed_step() -> Any:
+            scheduled = engine._inflight[0] if engine._inflight is not None else None
+            start, self._wait = time.perf_counter(), 0.0
+            out = step()
+            kind = "decode ahead" if scheduled is not None else "decode"
+            if scheduled is None and engine.scheduler.stats.last_step_tokens > len(engine.scheduler.running):
+                kind = "prefill"
+            self.rows.append((kind, time.perf_counter() - start, self._wait))
+            return out
+
+        engine.step, PendingStep.result = timed_step, timed_result
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for kind in ("prefill", "decode", "decode ahead"):
+            rows = [r for r in self.rows if r[0] == kind]
+            out[kind] = dict(steps=len(rows), seconds=round(sum(r[1] for r in rows), 3),
+                             device_wait_s=round(sum(r[2] for r in rows), 3))
+        return out
 
 
 def decode_timing(llm: LLM, prompt: list[int], new_tokens: int) -> tuple[float, float, int]:
@@ -184,6 +223,10 @@ def print_table(report: dict[str, Any]) -> None:
         if row:
             cells = [f"{row[k]:.4g}" if isinstance(row.get(k), float) else str(row.get(k, "")) for k in keys]
             print(f"{row.get('name', name)} | " + " | ".join(cells))
+    steps = report.get("lamina", {}).get("steps")
+    if steps:
+        print("\nsteps: " + "; ".join(f"{k}: {v['steps']} in {v['seconds']} s (host waiting for the device "
+                                      f"{v['device_wait_s']} s)" for k, v in steps.items()))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,6 +31,8 @@ class _Group:
 
     @property
     def finished(self) -> bool:
+        if len(self.samples) == 1:
+            return self.samples[0].request.is_finished
         return all(s.request.is_finished for s in self.samples)
 
 

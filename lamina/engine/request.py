@@ -27,8 +27,8 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
-                        RequestStatus.FINISHED_ABORTED)
+        return self is RequestStatus.FINISHED_STOPPED or self is RequestStatus.FINISHED_LENGTH \
+            or self is RequestStatus.FINISHED_ABORTED
 
 
 @dataclass(eq=False)

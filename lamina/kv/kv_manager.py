@@ -77,6 +77,8 @@ class KVCacheManager:
         """
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
+        if prefix is None and request.num_computed_tokens + num_new_tokens <= len(request.block_ids) * self.block_size:
+            return True  # the blocks held already cover it (most decode steps)
         nodes = self._check_prefix(request, prefix)
         if prefix is None:
             base, held = request.num_computed_tokens, len(request.block_ids)

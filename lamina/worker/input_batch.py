@@ -88,8 +88,12 @@ def plan_batch(scheduled: SchedulerOutput, block_size: int) -> HostBatch:
             end = start + scheduled.num_scheduled_tokens[request.request_id]
             input_ids += _token_slice(request, start, end)
         blocks = request.block_ids
-        positions += range(start, end)
-        slots += [blocks[pos // block_size] * block_size + pos % block_size for pos in range(start, end)]
+        if end - start == 1:  # a decode: the common case, kept cheap
+            positions.append(start)
+            slots.append(blocks[start // block_size] * block_size + start % block_size)
+        else:
+            positions += range(start, end)
+            slots += [blocks[pos // block_size] * block_size + pos % block_size for pos in range(start, end)]
         query_start.append(len(input_ids))
         seq_lens.append(end)
         if end >= request.num_tokens:  # (always, ahead)
