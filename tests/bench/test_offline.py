@@ -32,7 +32,10 @@ def test_w1_dry_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     _, outputs = w1_requests(8, 40)
     assert report["workload"] == "w1" and report["hardware"] == "cpu" and "--dry-run" in report["command"]
     assert report["lamina"]["output_tokens"] == sum(outputs) and report["lamina"]["tok_per_s"] > 0
-    assert "lamina" in capsys.readouterr().out.splitlines()[-1]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-3].startswith("lamina |") and lines[-1].startswith("steps: prefill: ")
+    steps = report["lamina"]["steps"]
+    assert steps["prefill"]["steps"] > 0 and steps["decode ahead"]["steps"] > 0  # async scheduling ran ahead
 
 
 def test_w2_dry_run_with_hf_peer(tmp_path: Path) -> None:
