@@ -132,7 +132,8 @@ class StepTrace:
         for kind in ("prefill", "decode", "decode ahead"):
             rows = [r for r in self.rows if r[0] == kind]
             out[kind] = dict(steps=len(rows), seconds=round(sum(r[1] for r in rows), 3),
-                             device_wait_s=round(sum(r[2] for r in rows), 3))
+                             device_wait_s=round(sum(r[2] for r in rows), 3),
+                             slowest_s=round(max((r[1] for r in rows), default=0.0), 3))
         return out
 
 
@@ -226,7 +227,8 @@ def print_table(report: dict[str, Any]) -> None:
     steps = report.get("lamina", {}).get("steps")
     if steps:
         print("\nsteps: " + "; ".join(f"{k}: {v['steps']} in {v['seconds']} s (host waiting for the device "
-                                      f"{v['device_wait_s']} s)" for k, v in steps.items()))
+                                      f"{v['device_wait_s']} s, slowest {v['slowest_s']} s)"
+                                      for k, v in steps.items()))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,8 +32,11 @@ import triton.language as tl
 
 from lamina.kernels.prefill_attention import LOG2E, dot_precision, paged_kv_offsets
 
+MAX_SPLITS = 64
 
-@triton.jit
+
+# Per-step integers are not specialized on (== 1, % 16): one compiled kernel serves every batch.
+@triton.jit(do_not_specialize=["stride_tab", "num_seqs"])
 def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
                    table_ptr, seq_lens_ptr, qsl_ptr,
                    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
@@ -98,7 +101,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_
                  (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits", "num_seqs"])
 def _reduce_kernel(out_ptr, part_acc_ptr, part_ml_ptr, qsl_ptr, stride_ot, stride_oh,
                    head_dim, num_splits, num_seqs,
                    MAX_Q: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -141,7 +144,7 @@ def choose_num_splits(max_seq_len: int, num_seqs: int, num_kv_heads: int, target
     x 8 KV heads one split beat two by 1-5% at every context from 1k to 32k."""
     by_length = max(1, max_seq_len // min_keys_per_split)
     by_occupancy = max(1, triton.cdiv(target_programs, max(1, num_seqs * num_kv_heads)))
-    return min(by_length, by_occupancy, 64)
+    return min(by_length, by_occupancy, MAX_SPLITS)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
@@ -158,6 +161,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     num_seqs = seq_lens.shape[0]
     if num_tokens == 0 or num_seqs == 0:
         return
+    assert 1 <= num_splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}"
     assert q.stride(2) == 1 and out.stride(2) == 1 and k_cache.stride(3) == 1
     assert k_cache.stride() == v_cache.stride() and block_tables.stride(1) == 1
     group = num_heads // num_kv_heads
@@ -180,5 +184,5 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         _reduce_kernel[(num_seqs, max_query_len, num_heads)](
             out, part_acc, part_ml, query_start_loc, out.stride(0), out.stride(1),
             head_dim, num_splits, num_seqs,
-            MAX_Q=max_query_len, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
-            num_warps=1 if block_d <= 128 else 2)
+            MAX_Q=max_query_len, BLOCK_S=MAX_SPLITS, BLOCK_D=block_d,  # one variant for any split count
+            num_warps=4 if block_d <= 128 else 8)

@@ -65,7 +65,7 @@ def _attend_tiles(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, table_ptr, kv_head
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_tab"])  # the block-table width changes every step
 def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, table_ptr, seq_lens_ptr, qsl_ptr,
                     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
                     stride_tab, qk_scale, head_dim, min_query_len,

@@ -14,6 +14,7 @@ from lamina.loader.model_loader import load_model
 from lamina.worker.cuda_graphs import CudaGraphRunner, graph_decision
 from lamina.worker.kv_sizing import blocks_for_utilization, profile_peak_bytes
 from lamina.worker.model_runner import ModelRunner, PendingStep
+from lamina.worker.warmup import warm_up_kernels
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,9 @@ class Worker:
                     self.dtype, self.device)
         self.runner = ModelRunner(self.model, cache.block_size, arch.vocab_size, self.device,
                                   config.model_config.seed)
+        if self.device.type == "cuda":  # compile every kernel variant now, not in the first requests
+            warm_up_kernels(self.model, cache.block_size, config.scheduler_config.max_num_batched_tokens,
+                            self.max_model_len, self.device)
         self.runner.graphs = self._capture_graphs()
 
     def _num_kv_blocks(self) -> int:

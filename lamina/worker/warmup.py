@@ -1,0 +1,75 @@
+"""Compile the kernels of every kind of step before the first request.
+
+Triton compiles a kernel the first time it meets a new combination of its constexprs: for the
+attention kernels, the decode kernel's MAX_Q (1: pure decode; DECODE_MAX_Q: decode rows mixed with
+a prefill) and split / no split, the prefill kernel's short / long tiles; for the GEMV, its row count
+M (1..4). CUDA-graph capture compiles the pure-decode graphs only. Without this warm-up the other
+variants compile inside the first steps that need them, about a second each on an H200 host (W1 lost
+10 of its 16 seconds that way). Each warm-up batch below is one eager forward over the real KV cache
+that stores nothing (every slot -1) and reads only the null block 0:
+
+    rows (q_len, seq_len)                                   compiles
+    [(long, long), (1, max_model_len), (1, 17)]             prefill long tiles, decode MAX_Q=8 split
+    [(64, 64), (1, 40), (8, 48)]                            prefill short tiles, decode MAX_Q=8 no split
+    [(1, max_model_len), (1, 3)]                            decode MAX_Q=1 split (eager: graphs off)
+    [(1, 30)] * m, m = 1..4                                 decode MAX_Q=1 no split, GEMV M=m
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
+from lamina.kernels.prefill_attention import LONG_QUERY
+
+logger = logging.getLogger(__name__)
+
+Rows = list[tuple[int, int]]  # (q_len, seq_len) per sequence
+
+
+def warmup_batches(max_num_batched_tokens: int, max_model_len: int) -> list[Rows]:
+    """The warm-up batches (see the module docstring), clipped to the engine's limits."""
+    long = max(9, min(LONG_QUERY, max_num_batched_tokens - 2, max_model_len))
+    short_q = max(9, min(64, max_num_batched_tokens - 10, max_model_len))
+    batches = [[(long, long), (1, max_model_len), (1, min(17, max_model_len))],
+               [(short_q, short_q), (1, min(40, max_model_len)), (8, min(48, max_model_len))],
+               [(1, max_model_len), (1, min(3, max_model_len))]]
+    batches += [[(1, min(30, max_model_len))] * m for m in range(1, 5)]
+    return [rows for rows in batches if sum(q for q, _ in rows) <= max_num_batched_tokens]
+
+
+def null_block_metadata(rows: Rows, block_size: int, device: torch.device) -> AttentionMetadata:
+    """Metadata of `rows` whose every token stores nothing and whose every key is in block 0."""
+    starts = [0]
+    for q_len, _ in rows:
+        starts.append(starts[-1] + q_len)
+    seq_lens = [seq_len for _, seq_len in rows]
+    width = -(-max(seq_lens) // block_size)
+    return AttentionMetadata(
+        slot_mapping=torch.full((starts[-1],), -1, dtype=torch.int64, device=device),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        block_tables=torch.zeros(len(rows), width, dtype=torch.int32, device=device),
+        max_query_len=max(q for q, _ in rows), max_seq_len=max(seq_lens),
+        query_start_loc_cpu=starts, seq_lens_cpu=seq_lens)
+
+
+@torch.inference_mode()
+def warm_up_kernels(model: torch.nn.Module, block_size: int, max_num_batched_tokens: int, max_model_len: int,
+                    device: torch.device) -> None:
+    """One eager forward (and logits for each sequence) per warm-up batch; the KV cache is untouched."""
+    start = time.perf_counter()
+    batches = warmup_batches(max_num_batched_tokens, max_model_len)
+    for rows in batches:
+        metadata = null_block_metadata(rows, block_size, device)
+        positions = torch.cat([torch.arange(s - q, s, device=device) for q, s in rows])
+        input_ids = torch.zeros_like(positions)
+        with set_attention_metadata(metadata):
+            hidden = model(input_ids, positions)
+        last_rows = torch.tensor(metadata.query_start_loc_cpu[1:], device=device) - 1
+        model.compute_logits(hidden[last_rows])
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    logger.info("kernels warmed up for %d kinds of step in %.1f s", len(batches), time.perf_counter() - start)
