@@ -106,7 +106,10 @@ class StepTrace:
     def __init__(self, engine: Any) -> None:
         from lamina.worker.model_runner import PendingStep
         self.rows: list[tuple[str, float, float]] = []
+        self.compiled: list[str] = []  # Triton kernels compiled (in-memory cache misses) during the run
+        self.prefill_steps: list[dict[str, Any]] = []
         self._wait = 0.0
+        self._watch_compiles()
         step, result = engine.step, PendingStep.result
 
         def timed_result(pending: PendingStep) -> Any:
@@ -120,15 +123,31 @@ class StepTrace:
             start, self._wait = time.perf_counter(), 0.0
             out = step()
             kind = "decode ahead" if scheduled is not None else "decode"
-            if scheduled is None and engine.scheduler.stats.last_step_tokens > len(engine.scheduler.running):
+            tokens = engine.scheduler.stats.last_step_tokens
+            if scheduled is None and tokens > len(engine.scheduler.running):
                 kind = "prefill"
-            self.rows.append((kind, time.perf_counter() - start, self._wait))
+            seconds = time.perf_counter() - start
+            self.rows.append((kind, seconds, self._wait))
+            if kind == "prefill":
+                self.prefill_steps.append(dict(tokens=tokens, running=len(engine.scheduler.running),
+                                               seconds=round(seconds, 4), compiles=len(self.compiled)))
             return out
 
         engine.step, PendingStep.result = timed_step, timed_result
 
+    def _watch_compiles(self) -> None:
+        try:
+            from triton import knobs
+        except ImportError:
+            return
+
+        def on_miss(*, repr: str, **_: Any) -> None:  # noqa: A002 - triton's keyword
+            self.compiled.append(repr[:200])
+
+        knobs.runtime.jit_cache_hook = on_miss
+
     def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+        out: dict[str, Any] = {"triton_compiles": self.compiled, "prefill_steps": self.prefill_steps}
         for kind in ("prefill", "decode", "decode ahead"):
             rows = [r for r in self.rows if r[0] == kind]
             out[kind] = dict(steps=len(rows), seconds=round(sum(r[1] for r in rows), 3),
@@ -224,7 +243,11 @@ def print_table(report: dict[str, Any]) -> None:
         if row:
             cells = [f"{row[k]:.4g}" if isinstance(row.get(k), float) else str(row.get(k, "")) for k in keys]
             print(f"{row.get('name', name)} | " + " | ".join(cells))
-    steps = report.get("lamina", {}).get("steps")
+    steps = dict(report.get("lamina", {}).get("steps") or {})
+    compiles = steps.pop("triton_compiles", [])
+    steps.pop("prefill_steps", None)
+    if compiles:
+        print(f"\n{len(compiles)} Triton compiles during the run: " + "; ".join(c[:60] for c in compiles))
     if steps:
         print("\nsteps: " + "; ".join(f"{k}: {v['steps']} in {v['seconds']} s (host waiting for the device "
                                       f"{v['device_wait_s']} s, slowest {v['slowest_s']} s)"
