@@ -9,9 +9,9 @@ then as device tensors (`InputBatch`) in two copies.
     a decode_ahead step: one token at position num_tokens (c = num_tokens, q = 1), input id 0 until the
     model runner writes the in-flight step's sample there
 
-The device copy packs the int64 lists (ids, positions, slots, logits rows) into one host tensor and
-the int32 ones (query starts, seq lens, block tables) into another: two non-blocking host-to-device
-copies per step, and no host wait for the GPU (a step's only sync is reading its sampled tokens).
+The device copy packs the int64 lists (ids, positions, slots, logits rows) into one host array and
+the int32 ones (query starts, seq lens, block tables) into another, each field 16-byte aligned: two
+non-blocking host-to-device copies per step, and no host wait for the GPU.
 Decode steps that replay a CUDA graph skip `InputBatch` and copy the `HostBatch` straight into the
 graph's static buffers (lamina/worker/cuda_graphs.py).
 """
@@ -104,22 +104,37 @@ def plan_batch(scheduled: SchedulerOutput, block_size: int) -> HostBatch:
     return HostBatch(input_ids, positions, slots, query_start, seq_lens, tables, logits_indices, sampling)
 
 
-def _to_device(values: np.ndarray, device: torch.device) -> torch.Tensor:
-    return torch.from_numpy(values).to(device, non_blocking=True)
+ALIGN_BYTES = 16  # every packed field starts 16-byte aligned, like a tensor of its own
+
+
+def _packed_to_device(fields: list[np.ndarray], dtype: type, device: torch.device) -> list[torch.Tensor]:
+    """Copy `fields` to the device in one non-blocking copy; returns one view per field.
+
+    Each field starts on an ALIGN_BYTES boundary: Triton specializes a kernel on the alignment of its
+    pointer arguments, so a field at an offset that changes with the batch size would compile a new
+    kernel variant mid-run (W1 lost 2 s to that)."""
+    step = ALIGN_BYTES // np.dtype(dtype).itemsize
+    sizes = [len(f) for f in fields]
+    padded = [-(-n // step) * step for n in sizes]
+    packed = np.zeros(sum(padded), dtype=dtype)
+    offset = 0
+    for field, size in zip(fields, padded):
+        packed[offset:offset + len(field)] = field
+        offset += size
+    parts = torch.from_numpy(packed).to(device, non_blocking=True).split(padded)
+    return [part[:n] for part, n in zip(parts, sizes)]
 
 
 def to_device(host: HostBatch, device: torch.device) -> InputBatch:
     """Two packed non-blocking copies (int64, int32), then views. numpy builds the host arrays: it is
     several times faster than torch.tensor on Python lists (the block tables are the big part)."""
-    num_tokens, num_seqs = len(host.input_ids), host.num_seqs
-    width = len(host.block_tables[0])
-    i64 = _to_device(np.array(host.input_ids + host.positions + host.slot_mapping + host.logits_indices,
-                              dtype=np.int64), device)
-    i32 = _to_device(np.concatenate([np.array(host.query_start_loc + host.seq_lens, dtype=np.int32),
-                                     np.array(host.block_tables, dtype=np.int32).ravel()]), device)
-    ids, positions, slots, logits_indices = i64.split([num_tokens, num_tokens, num_tokens,
-                                                      len(host.logits_indices)])
-    query_start, seq_lens, tables = i32.split([num_seqs + 1, num_seqs, num_seqs * width])
+    num_seqs, width = host.num_seqs, len(host.block_tables[0])
+    ids, positions, slots, logits_indices = _packed_to_device(
+        [np.array(f, dtype=np.int64) for f in (host.input_ids, host.positions, host.slot_mapping,
+                                                host.logits_indices)], np.int64, device)
+    query_start, seq_lens, tables = _packed_to_device(
+        [np.array(host.query_start_loc, dtype=np.int32), np.array(host.seq_lens, dtype=np.int32),
+         np.array(host.block_tables, dtype=np.int32).ravel()], np.int32, device)
     metadata = AttentionMetadata(
         slot_mapping=slots, query_start_loc=query_start, seq_lens=seq_lens,
         block_tables=tables.view(num_seqs, width), max_query_len=host.max_query_len,

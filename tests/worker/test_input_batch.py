@@ -26,3 +26,24 @@ def test_chunk_and_decode_layout():
     assert batch.attn_metadata.block_tables.tolist() == [[5, 9], [2, 0]]
     # the prefill chunk has not reached its last prompt token: only the decode samples
     assert batch.logits_indices.tolist() == [4] and batch.sampling_requests == [decode]
+
+
+def test_every_device_field_is_16_byte_aligned():
+    """Triton specializes kernels on pointer alignment: a field whose alignment changed with the batch
+    would compile a new variant mid-run."""
+    for num_seqs in range(1, 6):
+        requests, counts = [], {}
+        for i in range(num_seqs):
+            r = Request(f"r{i}", list(range(1, 4 + i)), SamplingParams())
+            r.block_ids = [i + 1]
+            requests.append(r)
+            counts[r.request_id] = r.num_tokens
+        batch = build_input_batch(SchedulerOutput(requests, counts), block_size=16, device=torch.device("cpu"))
+        md = batch.attn_metadata
+        tensors = [batch.input_ids, batch.positions, batch.logits_indices, md.slot_mapping, md.query_start_loc,
+                   md.seq_lens, md.block_tables]
+        assert all(t.data_ptr() % 16 == 0 for t in tensors), num_seqs
+        assert batch.positions.tolist() == [p for r in requests for p in range(r.num_tokens)]
+        assert md.seq_lens.tolist() == [r.num_tokens for r in requests]
+        assert md.block_tables.tolist() == [[i + 1] for i in range(num_seqs)]
+        assert batch.logits_indices.tolist() == [md.query_start_loc_cpu[i + 1] - 1 for i in range(num_seqs)]
