@@ -119,7 +119,7 @@ class StepTrace:
             return out
 
         def timed_step() -> Any:
-            scheduled = engine._inflight[0] if engine._inflight is not None else None
+            scheduled = engine._inflight.scheduled if engine._inflight is not None else None
             start, self._wait = time.perf_counter(), 0.0
             out = step()
             kind = "decode ahead" if scheduled is not None else "decode"

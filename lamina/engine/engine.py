@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+from dataclasses import dataclass
 
 from lamina.config import EngineConfig
 from lamina.engine.input_processor import InputLimits, InputProcessor, PromptType
+from lamina.engine.interfaces import SchedulerOutput
 from lamina.engine.output_processor import OutputProcessor
 from lamina.engine.request import Request, RequestStatus
-from lamina.engine.interfaces import SchedulerOutput
 from lamina.engine.scheduler import Scheduler
 from lamina.engine.stats import SchedulerStats
 from lamina.kv.kv_manager import KVCacheManager
@@ -24,6 +25,14 @@ from lamina.worker.model_runner import PendingStep
 from lamina.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class InflightStep:
+    """A step launched ahead (Scheduler.schedule_ahead) whose results the engine has not processed."""
+
+    scheduled: SchedulerOutput
+    pending: PendingStep
 
 
 class LLMEngine:
@@ -43,7 +52,7 @@ class LLMEngine:
         self.input_processor = InputProcessor(self.tokenizer, limits, self._eos_token_ids())
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
-        self._inflight: tuple[SchedulerOutput, PendingStep] | None = None  # launched, not yet processed
+        self._inflight: InflightStep | None = None  # launched ahead, not yet processed
 
     def _eos_token_ids(self) -> frozenset[int]:
         if self.tokenizer is not None:
@@ -92,14 +101,15 @@ class LLMEngine:
                                    "empty engine (this is a bug; please report it)")
             pending = self.worker.launch(scheduled)
         else:
-            (scheduled, pending), self._inflight = self._inflight, None
+            scheduled, pending = self._inflight.scheduled, self._inflight.pending
+            self._inflight = None
         if self.config.async_scheduling:
             ahead = self.scheduler.schedule_ahead(scheduled)
             if ahead is not None:
-                self._inflight = (ahead, self.worker.launch(ahead, previous=pending))
+                self._inflight = InflightStep(ahead, self.worker.launch(ahead, previous=pending))
         changed = self.scheduler.update_from_output(scheduled, pending.result())
         outputs = self.output_processor.process(changed, self._stop_string_found)
-        if self._inflight is not None and all(r.is_finished for r in self._inflight[0].requests):
+        if self._inflight is not None and all(r.is_finished for r in self._inflight.scheduled.requests):
             self._inflight = None  # nothing left in it to wait for (its device work is stream-ordered)
         return outputs
 

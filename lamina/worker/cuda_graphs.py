@@ -125,7 +125,7 @@ class StaticBuffers:
 
     def fill(self, batch: HostBatch, bucket: int) -> None:
         """Copy a decode batch of n rows into rows [0, n) and padding into rows [n, bucket): three
-        non-blocking host-to-device copies, no kernel per field."""
+        non-blocking copies from the host (ids / positions / slots, seq lens, block tables)."""
         pad = bucket - batch.num_seqs
         rows = np.array([batch.input_ids + [0] * pad, batch.positions + [0] * pad,
                          batch.slot_mapping + [-1] * pad], dtype=np.int64)

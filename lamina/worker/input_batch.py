@@ -51,7 +51,7 @@ class HostBatch:
 
     @property
     def is_decode_only(self) -> bool:
-        """Every request has exactly one new token this step (and so samples it)."""
+        """Every request has exactly one new token this step (a decode, or a one-token prompt chunk)."""
         return len(self.input_ids) == self.num_seqs
 
 

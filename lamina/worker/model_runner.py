@@ -120,9 +120,14 @@ class ModelRunner:
 
     def _forward(self, host: HostBatch, ahead_ids: torch.Tensor | None) -> torch.Tensor:
         """Hidden states of the rows that sample. Decode-only batches replay a captured graph when
-        there is one (every row samples); the rest run eagerly. `ahead_ids` overwrite the input ids."""
+        there is one; the rest run eagerly. `ahead_ids` overwrite the input ids."""
         if self.graphs is not None and self.graphs.can_run(host):
-            return self.graphs.run(host, ahead_ids)
+            hidden = self.graphs.run(host, ahead_ids)
+            if len(host.logits_indices) == host.num_seqs:  # every row samples (the usual decode step)
+                return hidden
+            # a one-token prompt chunk among the decodes: its row samples nothing
+            rows = torch.from_numpy(np.array(host.logits_indices, dtype=np.int64)).to(self.device, non_blocking=True)
+            return hidden[rows]
         batch = to_device(host, self.device)
         if ahead_ids is not None:
             batch.input_ids.copy_(ahead_ids)

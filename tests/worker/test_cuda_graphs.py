@@ -102,3 +102,25 @@ def test_replayed_decode_steps_equal_eager(model_dir: str) -> None:
     assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in eager]
     assert sorted(set(replays)) == [1, 2, 3, 4, 5] and len(replays) >= 10  # 5 rows pad into the 6-bucket
     llm.engine.check_integrity()
+
+
+def test_replayed_steps_with_one_token_prompt_chunks_equal_eager(model_dir: str) -> None:
+    """A token budget of 3 with two requests decoding leaves one token for the third prompt: its chunks
+    ride in decode-only batches without sampling, so the graph's rows and the sampling rows differ."""
+    prompts = [[5, 6, 7], [9, 10], [(3 * j) % 200 + 1 for j in range(7)]]
+    params = [SamplingParams(temperature=0.9, seed=i, max_tokens=12, ignore_eos=True) for i in range(3)]
+    inputs = [{"prompt_token_ids": p} for p in prompts]
+    eager = _llm(model_dir, max_num_batched_tokens=3).generate(inputs, params, use_tqdm=False)
+    llm = _llm(model_dir, max_num_batched_tokens=3)
+    worker = llm.engine.worker
+    graphs = CudaGraphRunner(worker.model, 4, worker.max_model_len, 8, torch.device("cpu"), graph_cls=EagerGraph)
+    graphs.capture_all()
+    partial = []
+    original_run = graphs.run
+    graphs.run = lambda batch, ids=None: partial.append(len(batch.logits_indices) < batch.num_seqs) or original_run(
+        batch, ids)
+    worker.runner.graphs = graphs
+    out = llm.generate(inputs, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in eager]
+    assert any(partial)  # some replayed step had a row that samples nothing
+    llm.engine.check_integrity()
