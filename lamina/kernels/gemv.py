@@ -28,6 +28,7 @@ CUDA call with at most MAX_M rows (every linear layer and the LM head of a decod
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -90,6 +91,7 @@ _PER_WARP = 512  # tile elements per warp: two 16-byte loads per thread
 _MIN_PROGRAMS = 4 * NUM_SMS  # a full wave with ~4 resident programs per SM
 
 
+@functools.lru_cache(maxsize=None)  # a pure function of the shape, asked on every call
 def default_config(n: int, k: int) -> GemvConfig:
     """Whole rows, small tiles, many programs: the measured best on the H200 (lamina/bench/gemv_sweep.py
     at M = 1, bf16: within 3% of the best candidate on all ten Qwen3-0.6B / Llama-3-8B shapes).
