@@ -1,7 +1,12 @@
 """LLMEngine: requests in, one step at a time, RequestOutputs out.
 
-    add_request -> InputProcessor -> Scheduler.schedule -> Worker.execute
-                -> Scheduler.update_from_output -> OutputProcessor (detokenize, stop strings)
+    add_request -> InputProcessor -> Scheduler.schedule -> Worker.launch (a PendingStep)
+                -> [async_scheduling: Scheduler.schedule_ahead -> Worker.launch of the next step]
+                -> PendingStep.result -> Scheduler.update_from_output -> OutputProcessor (detokenize,
+                   stop strings)
+
+With async scheduling the step launched ahead is the next call's step: its device work overlaps this
+call's host work (reading tokens, stop checks, detokenizing, building outputs).
 """
 from __future__ import annotations
 
