@@ -91,3 +91,19 @@ def test_abort_while_a_step_runs_ahead(model_dir: str) -> None:
     assert set(last) == {"keep"} and len(last["keep"].outputs[0].token_ids) == 30
     assert engine._inflight is None
     engine.check_integrity()
+
+
+def test_parallel_samples_and_prefix_hits_run_ahead_too(model_dir: str) -> None:
+    shared = "def common_prefix(a, b, c):\n    return"
+    prompts = [shared + " a", shared + " b", shared + " c"]
+    params = SamplingParams(temperature=0.7, seed=3, n=2, max_tokens=10, ignore_eos=True)
+    results = {}
+    for async_scheduling in (False, True):
+        llm = make_llm(model_dir, async_scheduling)
+        sizes = count_ahead_steps(llm.engine)
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        llm.engine.check_integrity()
+        assert sum(o.num_cached_tokens for o in outs) > 0  # the shared prefix hit the cache
+        results[async_scheduling] = [[c.token_ids for c in o.outputs] for o in outs]
+        assert bool(sizes) == async_scheduling
+    assert results[True] == results[False]
