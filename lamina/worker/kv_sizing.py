@@ -13,24 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
+from lamina.attention.metadata import set_attention_metadata
 from lamina.kv.cache import MIN_NUM_BLOCKS, allocate_kv_caches, bind_kv_caches
 from lamina.loader.hf_config import ModelArch
-
-
-def warmup_metadata(seq_lens: list[int], block_size: int, device: torch.device) -> AttentionMetadata:
-    """Whole-prompt prefills of `seq_lens` tokens that store nothing and read only block 0."""
-    starts = [0]
-    for n in seq_lens:
-        starts.append(starts[-1] + n)
-    width = -(-max(seq_lens) // block_size)
-    return AttentionMetadata(
-        slot_mapping=torch.full((starts[-1],), -1, dtype=torch.int64, device=device),
-        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        block_tables=torch.zeros(len(seq_lens), width, dtype=torch.int32, device=device),
-        max_query_len=max(seq_lens), max_seq_len=max(seq_lens),
-        query_start_loc_cpu=starts, seq_lens_cpu=list(seq_lens))
+from lamina.worker.warmup import null_block_metadata
 
 
 def split_tokens(num_tokens: int, max_len: int) -> list[int]:
@@ -45,7 +31,7 @@ def warmup_forward(model: torch.nn.Module, arch: ModelArch, num_tokens: int, num
     """One forward of `num_tokens` tokens, then logits (and a softmax) for `num_logit_rows` rows."""
     bind_kv_caches(model, allocate_kv_caches(arch, MIN_NUM_BLOCKS, block_size, dtype, device))
     seq_lens = split_tokens(num_tokens, arch.max_position_embeddings)
-    metadata = warmup_metadata(seq_lens, block_size, device)
+    metadata = null_block_metadata([(n, n) for n in seq_lens], block_size, device)
     input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)
     positions = torch.cat([torch.arange(n, device=device) for n in seq_lens])
     with set_attention_metadata(metadata):

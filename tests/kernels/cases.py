@@ -82,3 +82,15 @@ def tolerance(dtype: torch.dtype) -> dict[str, float]:
     """fp32: the kernels' fp32 dots vs the reference's; bf16/fp16: P is rounded before the PV dot."""
     return {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float16: dict(atol=4e-3, rtol=4e-3),
             torch.bfloat16: dict(atol=3e-2, rtol=3e-2)}[dtype]
+
+
+def assert_close_elementwise(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """Every element written and close: fp32 within a few ulps (only the order of a sum may differ),
+    bf16 within about one bf16 ulp (2^-8 relative) of the values' scale."""
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    assert not actual.isnan().any(), "an element was not written"
+    if actual.dtype == torch.float32:
+        torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+    else:
+        scale = expected.float().abs().max().item()
+        torch.testing.assert_close(actual.float(), expected.float(), atol=1e-2 * scale, rtol=1e-2)

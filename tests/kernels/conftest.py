@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 os.environ["TRITON_INTERPRET"] = "1"
 
 
@@ -59,3 +61,38 @@ def _fix_interpreter_bf16_dot() -> None:
 
 _fix_interpreter_scalar_index()
 _fix_interpreter_bf16_dot()
+
+
+@pytest.fixture
+def bf16_round_to_nearest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interpreter truncates float32 -> bfloat16 casts, where the GPU (cvt.rn) and PyTorch round to
+    nearest even: make it round like the GPU, so bf16 kernel results can be compared tightly."""
+    import numpy as np
+    import torch
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    original = interpreter.InterpreterBuilder.cast_impl
+
+    def cast_impl(self, src, dst_type):  # noqa: ANN001, ANN202 - interpreter internals
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            data = torch.from_numpy(np.ascontiguousarray(src.data, dtype=np.float32))
+            bits = data.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+            return interpreter.TensorHandle(bits, tl.bfloat16)
+        return original(self, src, dst_type)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "cast_impl", cast_impl)
+
+
+@pytest.fixture
+def nan_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.empty / empty_like return NaN-filled float tensors: an element a kernel forgets to write fails."""
+    import torch
+
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def poison(t: torch.Tensor) -> torch.Tensor:
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison(empty(*a, **kw)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poison(empty_like(*a, **kw)))

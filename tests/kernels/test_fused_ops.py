@@ -1,22 +1,18 @@
 """Fused RMSNorm / RoPE / SiLU-and-mul kernels against the layers' PyTorch (CPU) path, under the interpreter.
 
 The interpreter truncates float32 -> bfloat16 casts, where the GPU (cvt.rn) and PyTorch round to nearest
-even; `_bf16_round_to_nearest` makes it round like the GPU, so bf16 results can be compared tightly.
-Kernel outputs are allocated NaN-filled (`_nan_empty`), so an element a kernel forgets to write fails.
+even; `bf16_round_to_nearest` makes it round like the GPU, so bf16 results can be compared tightly.
+Kernel outputs are allocated NaN-filled (`nan_empty`), so an element a kernel forgets to write fails.
 """
 from __future__ import annotations
 
 from functools import partial
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 
 pytest.importorskip("triton")
-
-import triton.language as tl  # noqa: E402
-from triton.runtime import interpreter  # noqa: E402
 
 from lamina.kernels import fused_ops  # noqa: E402
 from lamina.layers import activation, norm, rotary  # noqa: E402
@@ -24,46 +20,13 @@ from lamina.layers.activation import SiluAndMul  # noqa: E402
 from lamina.layers.norm import RMSNorm  # noqa: E402
 from lamina.layers.rotary import RotaryEmbedding  # noqa: E402
 from lamina.models import common  # noqa: E402
+from tests.kernels.cases import assert_close_elementwise  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16]
 MAX_POS = 32768
 POSITIONS = [0, 1, 17, 4097, MAX_POS - 1]
 
-
-@pytest.fixture(autouse=True)
-def _bf16_round_to_nearest(monkeypatch: pytest.MonkeyPatch) -> None:
-    original = interpreter.InterpreterBuilder.cast_impl
-
-    def cast_impl(self, src, dst_type):  # noqa: ANN001, ANN202 - interpreter internals
-        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
-            data = torch.from_numpy(np.ascontiguousarray(src.data, dtype=np.float32))
-            bits = data.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
-            return interpreter.TensorHandle(bits, tl.bfloat16)
-        return original(self, src, dst_type)
-
-    monkeypatch.setattr(interpreter.InterpreterBuilder, "cast_impl", cast_impl)
-
-
-@pytest.fixture(autouse=True)
-def _nan_empty(monkeypatch: pytest.MonkeyPatch) -> None:
-    empty, empty_like = torch.empty, torch.empty_like
-
-    def poison(t: torch.Tensor) -> torch.Tensor:
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison(empty(*a, **kw)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poison(empty_like(*a, **kw)))
-
-
-def _close(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    """fp32: a few ulps; bf16: about one bf16 ulp (2^-8 relative) of the values' scale."""
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    assert not actual.isnan().any(), "an element was not written"
-    if actual.dtype == torch.float32:
-        torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
-    else:
-        scale = expected.float().abs().max().item()
-        torch.testing.assert_close(actual.float(), expected.float(), atol=1e-2 * scale, rtol=1e-2)
+pytestmark = pytest.mark.usefixtures("bf16_round_to_nearest", "nan_empty")
 
 
 def _norm_layer(hidden: int, dtype: torch.dtype, seed: int = 0) -> RMSNorm:
@@ -80,7 +43,7 @@ def _randn(*shape: int, dtype: torch.dtype, seed: int = 1, scale: float = 2.0) -
 @pytest.mark.parametrize("hidden", [96, 1000])
 def test_rms_norm(dtype: torch.dtype, hidden: int) -> None:
     layer, x = _norm_layer(hidden, dtype), _randn(3, hidden, dtype=dtype)
-    _close(fused_ops.rms_norm(x, layer.weight, 1e-6), layer(x))
+    assert_close_elementwise(fused_ops.rms_norm(x, layer.weight, 1e-6), layer(x))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -92,7 +55,7 @@ def test_fused_add_rms_norm(dtype: torch.dtype, hidden: int) -> None:
     out, new_residual = fused_ops.fused_add_rms_norm(x, residual, layer.weight, 1e-6)
     ref_out, ref_residual = layer(x, residual)
     torch.testing.assert_close(new_residual, ref_residual, atol=0, rtol=0)  # the add rounds identically
-    _close(out, ref_out)
+    assert_close_elementwise(out, ref_out)
     assert torch.equal(x, x_before) and torch.equal(residual, res_before)
 
 
@@ -103,7 +66,7 @@ def test_rms_norm_over_strided_heads(dtype: torch.dtype) -> None:
     q = qkv[:, : 3 * 64].reshape(2, 3, 64)
     assert not q.is_contiguous()
     layer = _norm_layer(64, dtype)
-    _close(fused_ops.rms_norm(q, layer.weight, 1e-6), layer(q))
+    assert_close_elementwise(fused_ops.rms_norm(q, layer.weight, 1e-6), layer(q))
 
 
 def _rope_case(dtype: torch.dtype, head_dim: int, num_q: int, num_kv: int
@@ -153,8 +116,8 @@ def test_qk_norm_rotary_inplace(dtype: torch.dtype, head_dim: int, num_q: int, n
     before = qkv.clone()
     fused_ops.qk_norm_rotary_inplace(q, k, q_norm.weight, k_norm.weight, 1e-6, rope.cos_sin_cache, positions,
                                      head_dim)
-    _close(q, ref_q)
-    _close(k, ref_k)
+    assert_close_elementwise(q, ref_q)
+    assert_close_elementwise(k, ref_k)
     assert torch.equal(qkv[:, q_size + kv_size:], before[:, q_size + kv_size:]), "v / padding touched"
     with pytest.raises(AssertionError, match="head_dim"):
         fused_ops.qk_norm_rotary_inplace(q, k, q_norm.weight[:8], k_norm.weight, 1e-6, rope.cos_sin_cache,
@@ -165,12 +128,12 @@ def test_qk_norm_rotary_inplace(dtype: torch.dtype, head_dim: int, num_q: int, n
 @pytest.mark.parametrize("inter", [96, 1000, 1500])
 def test_silu_and_mul(dtype: torch.dtype, inter: int) -> None:
     x = _randn(3, 2 * inter, dtype=dtype, scale=4.0)  # reaches deep into silu's negative tail
-    _close(fused_ops.silu_and_mul(x), SiluAndMul()(x))
+    assert_close_elementwise(fused_ops.silu_and_mul(x), SiluAndMul()(x))
 
 
 def test_silu_and_mul_keeps_leading_dims() -> None:
     x = _randn(2, 3, 2 * 40, dtype=torch.bfloat16)
-    _close(fused_ops.silu_and_mul(x), SiluAndMul()(x))
+    assert_close_elementwise(fused_ops.silu_and_mul(x), SiluAndMul()(x))
 
 
 # --- the layers' switch ------------------------------------------------------------------------------
@@ -224,7 +187,7 @@ def test_layers_fused_branch_matches_reference(monkeypatch: pytest.MonkeyPatch, 
     reference = _run_layers(dtype)
     _route_cpu_to_kernels(monkeypatch)
     for actual, expected in zip(_run_layers(dtype), reference, strict=True):
-        _close(actual, expected)
+        assert_close_elementwise(actual, expected)
 
 
 def test_use_fused_false_forces_reference(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,23 +1,19 @@
 """The decode GEMV kernel against F.linear on CPU tensors, under the interpreter.
 
 Shapes are small and deliberately not multiples of the blocks (masked K tails, clamped N rows, empty
-K splits). Kernel outputs and the split-K workspace are allocated NaN-filled (`_nan_empty`), so an
+K splits). Kernel outputs and the split-K workspace are allocated NaN-filled (`nan_empty`), so an
 element or a partial a kernel forgets to write fails. bf16 casts round to nearest even as on the GPU
-(`_bf16_round_to_nearest`; the interpreter truncates otherwise).
+(`bf16_round_to_nearest`; the interpreter truncates otherwise). Both fixtures: tests/kernels/conftest.py.
 """
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 pytest.importorskip("triton")
-
-import triton.language as tl  # noqa: E402
-from triton.runtime import interpreter  # noqa: E402
 
 from lamina.kernels import gemv as gemv_module  # noqa: E402
 from lamina.kernels.gemv import (  # noqa: E402
@@ -29,6 +25,7 @@ from lamina.kernels.gemv import (  # noqa: E402
 )
 from lamina.layers import linear  # noqa: E402
 from lamina.layers.embedding import ParallelLMHead  # noqa: E402
+from tests.kernels.cases import assert_close_elementwise  # noqa: E402
 
 SMALL_CONFIGS = [
     GemvConfig(8, 64, 1, 4, 1),  # K loop with a masked tail tile
@@ -38,29 +35,7 @@ SMALL_CONFIGS = [
 ]
 N, K = 21, 200  # neither a multiple of any block
 
-
-@pytest.fixture(autouse=True)
-def _bf16_round_to_nearest(monkeypatch: pytest.MonkeyPatch) -> None:
-    original = interpreter.InterpreterBuilder.cast_impl
-
-    def cast_impl(self, src, dst_type):
-        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
-            data = torch.from_numpy(np.ascontiguousarray(src.data, dtype=np.float32))
-            bits = data.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
-            return interpreter.TensorHandle(bits, tl.bfloat16)
-        return original(self, src, dst_type)
-
-    monkeypatch.setattr(interpreter.InterpreterBuilder, "cast_impl", cast_impl)
-
-
-@pytest.fixture(autouse=True)
-def _nan_empty(monkeypatch: pytest.MonkeyPatch) -> None:
-    empty = torch.empty
-
-    def poison(t: torch.Tensor) -> torch.Tensor:
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison(empty(*a, **kw)))
+pytestmark = pytest.mark.usefixtures("bf16_round_to_nearest", "nan_empty")
 
 
 def _inputs(m: int, n: int, k: int, dtype: torch.dtype = torch.float32, seed: int = 0
@@ -73,37 +48,26 @@ def _inputs(m: int, n: int, k: int, dtype: torch.dtype = torch.float32, seed: in
     return x.to(dtype), w.to(dtype), b.to(dtype)
 
 
-def _close(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    """fp32: a few ulps (only the summation order differs); bf16: about one bf16 ulp of the scale."""
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    assert not actual.isnan().any(), "an element was not written"
-    if actual.dtype == torch.float32:
-        torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
-    else:
-        scale = expected.float().abs().max().item()
-        torch.testing.assert_close(actual.float(), expected.float(), atol=1e-2 * scale, rtol=1e-2)
-
-
 @pytest.mark.parametrize("config,m", [(c, m) for c in SMALL_CONFIGS[:2] for m in range(1, MAX_M + 1)]
                          + [(c, m) for c in SMALL_CONFIGS[2:] for m in (1, MAX_M)],
                          ids=lambda v: v.name if isinstance(v, GemvConfig) else f"m{v}")
 def test_matches_linear(config: GemvConfig, m: int) -> None:
     x, w, b = _inputs(m, N, K)
-    _close(gemv(x, w, b, config), F.linear(x, w, b))
-    _close(gemv(x, w, None, config), F.linear(x, w))
+    assert_close_elementwise(gemv(x, w, b, config), F.linear(x, w, b))
+    assert_close_elementwise(gemv(x, w, None, config), F.linear(x, w))
 
 
 @pytest.mark.parametrize("n,k", [(5, 3), (1, 70), (33, 64)])
 def test_default_config_and_edge_shapes(n: int, k: int) -> None:
     """No config (default_config), tiny N (all rows clamped), K < one tile, K a multiple of the tile."""
     x, w, b = _inputs(2, n, k, seed=1)
-    _close(gemv(x, w, b), F.linear(x, w, b))
+    assert_close_elementwise(gemv(x, w, b), F.linear(x, w, b))
 
 
 def test_empty_splits_write_zeros() -> None:
     """split_k > number of K tiles: the extra splits own nothing and must add exactly zero."""
     x, w, b = _inputs(3, N, K, seed=2)
-    _close(gemv(x, w, b, GemvConfig(16, 128, 4, 4, 1)), F.linear(x, w, b))
+    assert_close_elementwise(gemv(x, w, b, GemvConfig(16, 128, 4, 4, 1)), F.linear(x, w, b))
 
 
 @pytest.mark.parametrize("config", SMALL_CONFIGS[:2], ids=lambda c: c.name)
@@ -113,7 +77,7 @@ def test_strided_x(config: GemvConfig) -> None:
     x = buf[:3, 7:7 + K]
     assert x.stride(0) == K + 29 and not x.is_contiguous()
     _, w, b = _inputs(3, N, K)
-    _close(gemv(x, w, b, config), F.linear(x, w, b))
+    assert_close_elementwise(gemv(x, w, b, config), F.linear(x, w, b))
     torch.testing.assert_close(buf[:3, 7:7 + K], x, atol=0, rtol=0)
 
 
@@ -122,7 +86,7 @@ def test_bf16(config: GemvConfig) -> None:
     """bf16 in and out, fp32 inside: within about one bf16 ulp of F.linear (fp32 math, one rounding)."""
     x, w, b = _inputs(2, N, K, dtype=torch.bfloat16, seed=4)
     out = gemv(x, w, b, config)
-    _close(out, F.linear(x, w, b))
+    assert_close_elementwise(out, F.linear(x, w, b))
     exact = F.linear(x.float(), w.float(), b.float()).to(torch.bfloat16)
     assert (out.float() - exact.float()).abs().max() <= 2 ** -7 * exact.float().abs().max()
 
