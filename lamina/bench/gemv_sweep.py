@@ -115,7 +115,8 @@ def sweep_shape(name: str, n: int, k: int, configs: list[Any], device: str, args
 
 def _table(rows: list[dict]) -> str:
     header = (f"{'shape':<20} {'N x K':>13} {'MB':>6} | {'cuBLAS us':>9} {'GB/s':>6} | "
-              f"{'best gemv config':<22} {'us':>7} {'GB/s':>6} {'%ceil':>5} {'speedup':>7} | {'default us':>10} {'floor us':>8}")
+              f"{'best gemv config':<22} {'us':>7} {'GB/s':>6} {'%ceil':>5} {'speedup':>7} | "
+              f"{'default us':>10} {'floor us':>8}")
     lines = [header]
     for r in rows:
         b, d = r["best"], r["default"]
