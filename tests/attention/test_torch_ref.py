@@ -101,5 +101,6 @@ def test_backend_registry() -> None:
     assert isinstance(get_attention_backend("auto"), TorchAttentionBackend)
     assert get_attention_backend("torch").name == "torch"
     assert available_attention_backends() == ["auto", "torch", "triton"]
-    with pytest.raises(ValueError, match=r"attention_backend must be one of \['auto', 'torch', 'triton'\], got 'flash'"):
+    allowed = r"attention_backend must be one of \['auto', 'torch', 'triton'\], got 'flash'"
+    with pytest.raises(ValueError, match=allowed):
         get_attention_backend("flash")
