@@ -86,6 +86,11 @@ class SamplingParams:
                "stop_token_ids", "a list of integers >= 0", ids)
 
     @property
+    def has_penalties(self) -> bool:
+        """Repetition, frequency or presence penalty on (sampling then reads the tokens so far)."""
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
+    @property
     def greedy(self) -> bool:
         return self.temperature < _GREEDY_EPS
 

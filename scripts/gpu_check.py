@@ -102,6 +102,14 @@ def run_check(spec: dict[str, Any], device: str) -> dict[str, Any]:
     return dict(name=name, ok=ok and not out.isnan().any().item(), max_abs_err=err, **spec)
 
 
+def compare(name: str, actual: Any, expected: Any, rel: float = 2e-2) -> dict[str, Any]:
+    """A check row: every element written and within `rel` of the expected values' largest magnitude."""
+    scale = expected.float().abs().max().item()
+    err = (actual.float() - expected.float()).abs().max().item()
+    ok = not actual.isnan().any().item() and err <= rel * max(scale, 1e-6)
+    return dict(name=name, ok=ok, max_abs_err=err)
+
+
 def op_checks(device: str) -> list[dict[str, Any]]:
     """The fused small ops and the GEMV at real shapes (Qwen3-0.6B / Llama-3-8B) against the layers'
     PyTorch path on the same device (bf16; fp32 on the interpreter)."""
@@ -117,11 +125,8 @@ def op_checks(device: str) -> list[dict[str, Any]]:
     randn = lambda *shape: torch.randn(*shape, generator=gen, device=device).to(dtype)  # noqa: E731
     rows: list[dict[str, Any]] = []
 
-    def record(name: str, actual: torch.Tensor, expected: torch.Tensor, rel: float = 2e-2) -> None:
-        scale = expected.float().abs().max().item()
-        err = (actual.float() - expected.float()).abs().max().item()
-        ok = not actual.isnan().any().item() and err <= rel * max(scale, 1e-6)
-        rows.append(dict(name=name, ok=ok, max_abs_err=err))
+    def record(name: str, actual: Any, expected: Any, rel: float = 2e-2) -> None:
+        rows.append(compare(name, actual, expected, rel))
 
     tokens = [1, 7] if device == "cuda" else [1, 3]
     for hidden, heads, kv_heads, inter in [(1024, 16, 8, 3072), (4096, 32, 8, 14336)]:
@@ -175,10 +180,7 @@ def gemv_checks(device: str, dtype: Any) -> list[dict[str, Any]]:
         weight = (torch.randn(n, k, generator=gen, device=device) / k ** 0.5).to(dtype)
         for m in sorted({1, 2, MAX_M}):
             x = torch.randn(m, k, generator=gen, device=device).to(dtype)
-            out, ref = gemv(x, weight).float(), F.linear(x, weight).float()
-            err = (out - ref).abs().max().item()
-            ok = not out.isnan().any().item() and err <= 2e-2 * max(ref.abs().max().item(), 1e-6)
-            rows.append(dict(name=f"gemv {m}x{k} @ {n}x{k}", ok=ok, max_abs_err=err))
+            rows.append(compare(f"gemv {m}x{k} @ {n}x{k}", gemv(x, weight), F.linear(x, weight)))
     return rows
 
 

@@ -20,23 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lamina import LLM, SamplingParams  # noqa: E402
-from lamina.bench.offline import write_config  # noqa: E402
-from lamina.worker.model_runner import PendingStep  # noqa: E402
-
-
-def time_result_waits() -> list[float]:
-    """Seconds each PendingStep.result() call blocks (the host waiting for the device)."""
-    waits: list[float] = []
-    original = PendingStep.result
-
-    def timed(self: PendingStep) -> object:
-        start = time.perf_counter()
-        out = original(self)
-        waits.append(time.perf_counter() - start)
-        return out
-
-    PendingStep.result = timed
-    return waits
+from lamina.bench.offline import StepTrace, write_config  # noqa: E402
 
 
 def main() -> None:
@@ -54,15 +38,15 @@ def main() -> None:
         for _ in range(20):  # prefill + warm decode steps
             engine.step()
         torch.cuda.synchronize()
-        waits = time_result_waits()
+        trace = StepTrace(engine)  # per step: wall time and the host's wait for the device's tokens
         start = time.perf_counter()
         for _ in range(args.steps):
             engine.step()
         torch.cuda.synchronize()
         wall = (time.perf_counter() - start) / args.steps * 1e3
         print(f"wall ms/step (no profiler): {wall:.3f}, of which the host waits for the device "
-              f"{sum(waits) / args.steps * 1e3:.3f} (async_scheduling={engine.config.async_scheduling})")
-        waits.clear()
+              f"{sum(wait for _, _, wait in trace.rows) / args.steps * 1e3:.3f} "
+              f"(async_scheduling={engine.config.async_scheduling})")
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(args.steps):
                 engine.step()

@@ -159,12 +159,11 @@ class Scheduler:
         stops on a token of `inflight` (EOS, stop token, stop string) computes one token for nothing:
         `update_from_output` drops the results of finished requests.
         """
-        if self.waiting or len(self.running) != sum(not r.is_finished for r in inflight.requests):
+        unfinished = [r for r in inflight.requests if not r.is_finished]
+        if self.waiting or len(self.running) != len(unfinished):
             return None
         batch: list[Request] = []
-        for request in inflight.requests:
-            if request.is_finished:
-                continue
+        for request in unfinished:
             scheduled = inflight.num_scheduled_tokens[request.request_id]
             if request.spec_token_ids or request.num_computed_tokens + scheduled != request.num_tokens:
                 return None  # drafts, or mid-prompt: no token sampled in `inflight`
@@ -269,5 +268,4 @@ class Scheduler:
 def _reads_its_output(request: Request) -> bool:
     """Sampling that depends on the tokens generated so far (so it cannot run ahead of them)."""
     params = request.sampling_params
-    return (params.repetition_penalty != 1.0 or params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
-            or request.num_output_tokens < params.min_tokens)
+    return params.has_penalties or request.num_output_tokens < params.min_tokens

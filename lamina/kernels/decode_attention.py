@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lamina.kernels.prefill_attention import LOG2E, dot_precision, paged_kv_offsets
+from lamina.kernels.prefill_attention import LOG2E, attend_tiles, dot_precision
 
 MAX_SPLITS = 64
 
@@ -70,24 +70,10 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    for start in range(lo, hi, BLOCK_N):
-        pos, off = paged_kv_offsets(table_ptr, start, seq_len, kv_head_off, stride_cb, stride_cs,
-                                    BLOCK_N, PAGE)
-        kv_mask = (pos < seq_len)[:, None] & dmask[None, :]
-        k = tl.load(k_cache_ptr + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-        keep = (pos[None, :] <= q_pos[:, None]) & (pos < seq_len)[None, :]
-        qk = tl.where(keep, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        # A row may see nothing yet in this split (its position precedes the split): keep it at
-        # m = -inf, l = 0 without forming -inf - -inf.
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_ref)
-        p = tl.math.exp2(qk - m_ref[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        m_i = m_new
+    # a row may see nothing of this split (its position precedes it): EMPTY_ROWS
+    acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, table_ptr, kv_head_off,
+                                  stride_cb, stride_cs, lo, hi, q_pos, seq_len, qk_scale, offs_d, dmask,
+                                  BLOCK_N, PAGE, True, PREC, True)
     io_mask = row_ok[:, None] & dmask[None, :]
     if SPLIT:
         # partial index of (seq, tok, head, split) in [B, MAX_Q, H, num_splits]

@@ -42,10 +42,14 @@ def paged_kv_offsets(table_ptr, start, seq_len, kv_head_off, stride_cb, stride_c
 
 
 @triton.jit
-def _attend_tiles(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, table_ptr, kv_head_off,
+def attend_tiles(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, table_ptr, kv_head_off,
                   stride_cb, stride_cs, lo, hi, q_pos, seq_len, qk_scale, offs_d, dmask,
-                  BLOCK_N: tl.constexpr, PAGE: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr):
-    """Online-softmax update of (acc, l_i, m_i) with keys [lo, hi); causal mask only if MASK."""
+                  BLOCK_N: tl.constexpr, PAGE: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr,
+                  EMPTY_ROWS: tl.constexpr):
+    """Online-softmax update of (acc, l_i, m_i) with keys [lo, hi); causal mask only if MASK.
+
+    EMPTY_ROWS: a row may see no key of [lo, hi) at all (decode splits that start past its position):
+    it then stays at m = -inf, l = 0 without forming -inf - -inf. Prefill rows always see a key."""
     for start in range(lo, hi, BLOCK_N):
         pos, off = paged_kv_offsets(table_ptr, start, seq_len, kv_head_off, stride_cb, stride_cs,
                                     BLOCK_N, PAGE)
@@ -56,8 +60,9 @@ def _attend_tiles(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, table_ptr, kv_head
             keep = (pos[None, :] <= q_pos[:, None]) & (pos < seq_len)[None, :]
             qk = tl.where(keep, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(qk - m_new[:, None])
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new) if EMPTY_ROWS else m_new
+        alpha = tl.math.exp2(m_i - m_ref)
+        p = tl.math.exp2(qk - m_ref[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_cache_ptr + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
@@ -96,12 +101,12 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, table_ptr, seq_len
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     full_end = ((ctx_start + m_start) // BLOCK_N) * BLOCK_N
     mask_end = tl.minimum(seq_len, ctx_start + m_start + BLOCK_M)
-    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, table_ptr, kv_head_off,
+    acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, table_ptr, kv_head_off,
                                   stride_cb, stride_cs, 0, full_end, q_pos, seq_len, qk_scale,
-                                  offs_d, dmask, BLOCK_N, PAGE, False, PREC)
-    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, table_ptr, kv_head_off,
+                                  offs_d, dmask, BLOCK_N, PAGE, False, PREC, False)
+    acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, table_ptr, kv_head_off,
                                   stride_cb, stride_cs, full_end, mask_end, q_pos, seq_len, qk_scale,
-                                  offs_d, dmask, BLOCK_N, PAGE, True, PREC)
+                                  offs_d, dmask, BLOCK_N, PAGE, True, PREC, False)
     out = acc / l_i[:, None]
     tl.store(out_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dmask[None, :])

@@ -127,15 +127,10 @@ def _row_generators(requests: list[Request], greedy: list[bool],
     return rows
 
 
-def _has_penalty(params: SamplingParams) -> bool:
-    return (params.repetition_penalty != 1.0 or params.frequency_penalty != 0.0
-            or params.presence_penalty != 0.0)
-
-
 def _penalty_tensors(requests: list[Request], vocab_size: int,
                      device: torch.device) -> PenaltyTensors | None:
     params = [r.sampling_params for r in requests]
-    rows = [i for i, p in enumerate(params) if _has_penalty(p)]
+    rows = [i for i, p in enumerate(params) if p.has_penalties]
     if not rows:
         return None
     shape = (len(requests), vocab_size)

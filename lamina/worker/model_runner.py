@@ -28,6 +28,13 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
     return host.copy_(t, non_blocking=True)
 
 
+def _select_rows(t: torch.Tensor, rows: list[int], device: torch.device) -> torch.Tensor:
+    """t[rows]: a view when rows are 0..n-1 (the usual step), else one index copy."""
+    if rows == list(range(len(rows))):
+        return t[:len(rows)]
+    return t.index_select(0, torch.from_numpy(np.array(rows, dtype=np.int64)).to(device, non_blocking=True))
+
+
 @dataclass
 class PendingStep:
     """A launched step: row i of `sampled` is the token of requests[i], still on the device.
@@ -113,21 +120,14 @@ class ModelRunner:
         rows = [previous.row_of(r.request_id) for r in scheduled.requests]
         if None in rows:
             raise ValueError("a decode_ahead request does not sample in the pending step")
-        if rows == list(range(len(rows))):
-            return previous.sampled[:len(rows)]
-        index = torch.from_numpy(np.array(rows, dtype=np.int64)).to(self.device, non_blocking=True)
-        return previous.sampled.index_select(0, index)
+        return _select_rows(previous.sampled, rows, self.device)
 
     def _forward(self, host: HostBatch, ahead_ids: torch.Tensor | None) -> torch.Tensor:
         """Hidden states of the rows that sample. Decode-only batches replay a captured graph when
         there is one; the rest run eagerly. `ahead_ids` overwrite the input ids."""
         if self.graphs is not None and self.graphs.can_run(host):
-            hidden = self.graphs.run(host, ahead_ids)
-            if len(host.logits_indices) == host.num_seqs:  # every row samples (the usual decode step)
-                return hidden
-            # a one-token prompt chunk among the decodes: its row samples nothing
-            rows = torch.from_numpy(np.array(host.logits_indices, dtype=np.int64)).to(self.device, non_blocking=True)
-            return hidden[rows]
+            # all rows, unless a one-token prompt chunk rides among the decodes (it samples nothing)
+            return _select_rows(self.graphs.run(host, ahead_ids), host.logits_indices, self.device)
         batch = to_device(host, self.device)
         if ahead_ids is not None:
             batch.input_ids.copy_(ahead_ids)

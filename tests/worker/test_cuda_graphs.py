@@ -85,22 +85,31 @@ def test_cpu_engine_never_captures(model_dir: str, caplog: pytest.LogCaptureFixt
     assert _llm(model_dir, enforce_eager=True).engine.worker.runner.graphs is None
 
 
+def _with_eager_graphs(llm: LLM, max_batch_size: int) -> list[HostBatch]:
+    """Capture `llm`'s decode steps with EagerGraph standing in for CUDA graphs; returns the list of
+    the batches replayed from then on."""
+    worker = llm.engine.worker
+    graphs = CudaGraphRunner(worker.model, max_batch_size, worker.max_model_len, 8, torch.device("cpu"),
+                             graph_cls=EagerGraph)
+    graphs.capture_all()
+    replayed: list[HostBatch] = []
+    original_run = graphs.run
+    graphs.run = lambda batch, ids=None: replayed.append(batch) or original_run(batch, ids)
+    worker.runner.graphs = graphs
+    return replayed
+
+
 def test_replayed_decode_steps_equal_eager(model_dir: str) -> None:
     prompts = [[(5 * i + j) % 256 for j in range(n)] for i, n in enumerate([3, 17, 9, 30, 1])]
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (12, 5, 9, 14, 7)]
     inputs = [{"prompt_token_ids": p} for p in prompts]
     eager = _llm(model_dir).generate(inputs, params, use_tqdm=False)
     llm = _llm(model_dir)
-    worker = llm.engine.worker
-    graphs = CudaGraphRunner(worker.model, 6, worker.max_model_len, 8, torch.device("cpu"), graph_cls=EagerGraph)
-    graphs.capture_all()
-    replays = []
-    original_run = graphs.run
-    graphs.run = lambda batch, ids=None: replays.append(batch.num_seqs) or original_run(batch, ids)
-    worker.runner.graphs = graphs
+    replayed = _with_eager_graphs(llm, 6)
     out = llm.generate(inputs, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in eager]
-    assert sorted(set(replays)) == [1, 2, 3, 4, 5] and len(replays) >= 10  # 5 rows pad into the 6-bucket
+    sizes = [batch.num_seqs for batch in replayed]
+    assert sorted(set(sizes)) == [1, 2, 3, 4, 5] and len(sizes) >= 10  # 5 rows pad into the 6-bucket
     llm.engine.check_integrity()
 
 
@@ -112,15 +121,9 @@ def test_replayed_steps_with_one_token_prompt_chunks_equal_eager(model_dir: str)
     inputs = [{"prompt_token_ids": p} for p in prompts]
     eager = _llm(model_dir, max_num_batched_tokens=3).generate(inputs, params, use_tqdm=False)
     llm = _llm(model_dir, max_num_batched_tokens=3)
-    worker = llm.engine.worker
-    graphs = CudaGraphRunner(worker.model, 4, worker.max_model_len, 8, torch.device("cpu"), graph_cls=EagerGraph)
-    graphs.capture_all()
-    partial = []
-    original_run = graphs.run
-    graphs.run = lambda batch, ids=None: partial.append(len(batch.logits_indices) < batch.num_seqs) or original_run(
-        batch, ids)
-    worker.runner.graphs = graphs
+    replayed = _with_eager_graphs(llm, 4)
     out = llm.generate(inputs, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in eager]
-    assert any(partial)  # some replayed step had a row that samples nothing
+    # some replayed step had a row that samples nothing
+    assert any(len(batch.logits_indices) < batch.num_seqs for batch in replayed)
     llm.engine.check_integrity()
