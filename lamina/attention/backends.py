@@ -12,12 +12,15 @@ else "torch".
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Protocol
 
 import torch
 
 from lamina.attention import torch_ref
 from lamina.attention.metadata import AttentionMetadata
+
+logger = logging.getLogger(__name__)
 
 
 class AttentionBackend(Protocol):
@@ -51,7 +54,9 @@ def _triton_usable() -> bool:
         return False
     try:
         import triton  # noqa: F401
-    except ImportError:
+    except ImportError as exc:
+        logger.warning("CUDA is available but triton does not import (%s): the PyTorch attention path, "
+                       "no fused kernels, no CUDA graphs", exc)
         return False
     return True
 

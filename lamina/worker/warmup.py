@@ -22,7 +22,7 @@ import time
 import torch
 
 from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
-from lamina.kernels.prefill_attention import LONG_QUERY
+from lamina.kernels.tiles import LONG_QUERY
 
 logger = logging.getLogger(__name__)
 

@@ -59,7 +59,7 @@ class Worker:
                     self.dtype, self.device)
         self.runner = ModelRunner(self.model, cache.block_size, arch.vocab_size, self.device,
                                   config.model_config.seed)
-        if self.device.type == "cuda":  # compile every kernel variant now, not in the first requests
+        if self._triton_kernels_supported(self._attention_backend()):  # compile every variant now
             warm_up_kernels(self.model, cache.block_size, config.scheduler_config.max_num_batched_tokens,
                             self.max_model_len, self.device)
         self.runner.graphs = self._capture_graphs()
@@ -92,9 +92,9 @@ class Worker:
 
     def _capture_graphs(self) -> CudaGraphRunner | None:
         """Capture decode steps on CUDA with the Triton kernels (unless enforce_eager); None: eager."""
-        backend = attention_layers(self.model)[0].backend
-        capture, why = graph_decision(self.device, self.config.enforce_eager, backend.name,
-                                      self._triton_kernels_supported(backend.name))
+        backend = self._attention_backend()
+        capture, why = graph_decision(self.device, self.config.enforce_eager, backend,
+                                      self._triton_kernels_supported(backend))
         logger.info("decode steps: %s", why)
         if not capture:
             return None
@@ -107,8 +107,11 @@ class Worker:
                     time.perf_counter() - start)
         return graphs
 
+    def _attention_backend(self) -> str:
+        return attention_layers(self.model)[0].backend.name
+
     def _triton_kernels_supported(self, backend_name: str) -> bool:
-        if backend_name != "triton":
+        if backend_name != "triton" or self.device.type != "cuda":
             return False
         from lamina.attention.triton_backend import supports  # imports triton: only for this backend
         return supports(self.arch.head_dim, self.dtype)

@@ -6,7 +6,7 @@ import torch
 
 import tests.kernels.conftest  # noqa: F401 - TRITON_INTERPRET=1 and the interpreter fixes
 from lamina import LLM
-from lamina.kernels.prefill_attention import LONG_QUERY
+from lamina.kernels.tiles import LONG_QUERY
 from lamina.kv.cache import attention_layers
 from lamina.worker.warmup import warm_up_kernels, warmup_batches
 from tests.helpers.tiny_models import make_tiny_model
