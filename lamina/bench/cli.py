@@ -10,12 +10,14 @@ import asyncio
 import json
 import os
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .datasets import DATASETS, DEFAULT_NUM_PROMPTS, PROMPT_FORMATS, DatasetConfig, sample_requests
+from .datasets import (DATASETS, DEFAULT_NUM_PROMPTS, DEFAULT_VOCAB_SIZE, PROMPT_FORMATS, DatasetConfig,
+                       SampleRequest, ServerLimits, as_prompt_format, fit_to_server, sample_requests)
 from .metrics import PointSummary, format_summary, format_sweep, parse_goodput, summarize
+from .server_info import ServedModel, served_model
 
 CLIENT_CPU_WARNING = 0.9
 SERVE_DESCRIPTION = """\
@@ -51,7 +53,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     a("--random-output-len", type=int, default=128, help="mean output length for random (default 128)")
     a("--random-range-ratio", type=float, default=0.0,
       help="random lengths are uniform in [L*(1-r), L*(1+r)], r in [0, 1) (default 0)")
-    a("--random-vocab-size", type=int, default=10000, help="token ids uniform in [0, V) (default 10000)")
+    a("--random-vocab-size", type=int,
+      help="token ids uniform in [0, V) (default: the served model's vocab_size from GET /v1/models, else 10000)")
     a("--prompt-format", choices=PROMPT_FORMATS, default="ids",
       help="ids: prompts as token-id lists; text: one English word per token, for text-only servers")
     a("--ignore-eos", action="store_true", help="send ignore_eos: true (vLLM's extra field) to force max_tokens")
@@ -111,48 +114,56 @@ def _extra_body(text: str | None) -> dict:
     return body
 
 
-def dataset_config(args: argparse.Namespace) -> DatasetConfig:
-    """The dataset options as a validated :class:`DatasetConfig`."""
+def dataset_config(args: argparse.Namespace, limits: ServerLimits | None = None) -> DatasetConfig:
+    """The dataset options as a validated :class:`DatasetConfig`; random ids come from the served model's
+    vocabulary when `limits` reports it and --random-vocab-size is not given."""
     num = args.num_prompts if args.num_prompts is not None else DEFAULT_NUM_PROMPTS[args.dataset]
     return DatasetConfig(name=args.dataset, num_prompts=num, input_len=args.random_input_len,
                          output_len=args.random_output_len, range_ratio=args.random_range_ratio,
-                         vocab_size=args.random_vocab_size, prompt_format=args.prompt_format, seed=args.seed)
+                         vocab_size=_vocab_size(args.random_vocab_size, limits or ServerLimits()),
+                         prompt_format=args.prompt_format, seed=args.seed)
 
 
-async def first_model_id(base_url: str, api_key: str | None, timeout_s: float = 30.0) -> str:
-    """The first model id `GET /v1/models` lists (what `--model` defaults to)."""
-    import httpx
-
-    from .serve import api_url
-
-    url = api_url(base_url, "/v1/models")
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        async with httpx.AsyncClient(timeout=timeout_s) as client:
-            response = await client.get(url, headers=headers)
-            response.raise_for_status()
-            return response.json()["data"][0]["id"]
-    except Exception as err:  # noqa: BLE001 - any failure means: ask the user for --model
-        raise ValueError(f"could not read the model name from {url} ({type(err).__name__}: {err}); "
-                         "give --model") from err
+def _vocab_size(asked: int | None, limits: ServerLimits) -> int:
+    served = limits.vocab_size
+    if asked is None:
+        return served or DEFAULT_VOCAB_SIZE
+    if served is not None and asked > served:
+        raise ValueError(f"--random-vocab-size {asked} is larger than the served model's vocabulary "
+                         f"({served} token ids, from GET /v1/models): leave it unset to use the model's")
+    return asked
 
 
-def client_config(args: argparse.Namespace) -> object:
-    """The connection and load options as a validated `ClientConfig` (asks the server for --model if absent)."""
+def client_config(args: argparse.Namespace) -> tuple[object, ServedModel]:
+    """The connection and load options as a validated `ClientConfig`, and the served model (asked from the
+    server: the name when --model is absent, and its limits)."""
     from .serve import ClientConfig, api_url
 
     url = api_url(args.base_url, args.endpoint)
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
-    model = args.model or asyncio.run(first_model_id(args.base_url, api_key))
-    return ClientConfig(api_url=url, model=model, api_key=api_key, ignore_eos=args.ignore_eos,
-                        temperature=args.temperature, extra_body=_extra_body(args.extra_body),
-                        timeout_s=args.request_timeout, max_concurrency=args.max_concurrency,
-                        burstiness=args.burstiness, seed=args.seed, num_warmups=args.num_warmups,
-                        ready_timeout_s=args.ready_timeout, disable_tqdm=args.disable_tqdm)
+    served = asyncio.run(served_model(args.base_url, api_key, args.model, args.ready_timeout))
+    cfg = ClientConfig(api_url=url, model=served.id, api_key=api_key, ignore_eos=args.ignore_eos,
+                       temperature=args.temperature, extra_body=_extra_body(args.extra_body),
+                       timeout_s=args.request_timeout, max_concurrency=args.max_concurrency,
+                       burstiness=args.burstiness, seed=args.seed, num_warmups=args.num_warmups,
+                       ready_timeout_s=args.ready_timeout, disable_tqdm=args.disable_tqdm)
+    return cfg, served
+
+
+def fitted_requests(dataset: DatasetConfig, limits: ServerLimits) -> list[SampleRequest]:
+    """The dataset's requests fitted to the server's vocabulary and context; says on stderr what changed."""
+    report = fit_to_server(sample_requests(replace(dataset, prompt_format="ids")), limits)
+    notes = report.notes(limits)
+    if limits.max_model_len is None:
+        notes.append("the server does not report max_model_len (GET /v1/models): lengths are not fitted to it")
+    for note in notes:
+        print(f"lamina bench serve: note: {note}", file=sys.stderr)
+    return as_prompt_format(report.requests, dataset.prompt_format)
 
 
 def result_json(args: argparse.Namespace, cfg: object, dataset: DatasetConfig, slos: dict[str, float],
-                percentiles: tuple[float, ...], summaries: list[PointSummary], runs: list) -> dict:
+                percentiles: tuple[float, ...], summaries: list[PointSummary], runs: list,
+                limits: ServerLimits | None = None) -> dict:
     """The result file: the setup once, then one flat vLLM-style dict per request rate."""
     from lamina import __version__
 
@@ -163,8 +174,9 @@ def result_json(args: argparse.Namespace, cfg: object, dataset: DatasetConfig, s
     return {"benchmark": "lamina bench serve", "lamina_version": __version__,
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "label": args.label or cfg.model, "base_url": args.base_url, "api_url": cfg.api_url,
-            "model": cfg.model, "dataset": asdict(dataset), "ignore_eos": cfg.ignore_eos,
-            "temperature": cfg.temperature, "extra_body": cfg.extra_body, "max_concurrency": cfg.max_concurrency,
+            "model": cfg.model, "server_limits": asdict(limits or ServerLimits()), "dataset": asdict(dataset),
+            "ignore_eos": cfg.ignore_eos, "temperature": cfg.temperature, "extra_body": cfg.extra_body,
+            "max_concurrency": cfg.max_concurrency,
             "burstiness": cfg.burstiness, "seed": cfg.seed, "goodput_slos_ms": slos,
             "percentiles": list(percentiles), "points": points}
 
@@ -175,11 +187,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.plot and not args.result_file:
         raise ValueError("--plot draws from the JSON result: give --result-file too")
-    dataset = dataset_config(args)
+    dataset_config(args)  # validate the dataset options before asking the server anything
     slos = parse_goodput(args.goodput)
     percentiles = _percentiles(args.metric_percentiles)
-    cfg = client_config(args)
-    requests = sample_requests(dataset)
+    cfg, served = client_config(args)
+    dataset = dataset_config(args, served.limits)
+    requests = fitted_requests(dataset, served.limits)
     print(f"lamina bench serve: {len(requests)} requests ({dataset.name}) to {cfg.api_url}, model {cfg.model}, "
           f"rates {' '.join(f'{r:g}' for r in args.request_rate)}", flush=True)
     runs = benchmark(cfg, requests, list(args.request_rate))
@@ -194,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
     if len(summaries) > 1:
         print(format_sweep(summaries))
     if args.result_file:
-        result = result_json(args, cfg, dataset, slos, percentiles, summaries, runs)
+        result = result_json(args, cfg, dataset, slos, percentiles, summaries, runs, served.limits)
         Path(args.result_file).parent.mkdir(parents=True, exist_ok=True)
         Path(args.result_file).write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.result_file}")

@@ -16,6 +16,7 @@ import numpy as np
 DATASETS = ("random", "w1")
 PROMPT_FORMATS = ("ids", "text")
 DEFAULT_NUM_PROMPTS = {"random": 1000, "w1": 256}
+DEFAULT_VOCAB_SIZE = 10000  # random token ids when the server does not report its vocab_size
 
 # W1 ("nano-vllm workload"): lengths uniform in [100, 1024] for prompt and output, ids drawn with
 # Python's `random.randint(0, 10000)` (inclusive, as nano-vllm's bench.py does; this exact stream gives
@@ -47,7 +48,8 @@ class DatasetConfig:
     """Which requests to generate. `input_len`, `output_len`, `range_ratio`, `vocab_size` apply to `random`.
 
     random: lengths uniform in [floor(L * (1 - r)), ceil(L * (1 + r))] (vLLM's `--random-range-ratio`),
-    token ids uniform in [0, vocab_size), numpy's PCG64 seeded with `seed`.
+    token ids uniform in [0, vocab_size), numpy's PCG64 seeded with `seed` (`lamina bench serve` sets
+    vocab_size to the served model's when the server reports it).
     w1: BENCHMARKS.md's W1 distribution with Python's `random` seeded with `seed`.
     """
 
@@ -56,7 +58,7 @@ class DatasetConfig:
     input_len: int = 1024
     output_len: int = 128
     range_ratio: float = 0.0
-    vocab_size: int = 10000
+    vocab_size: int = DEFAULT_VOCAB_SIZE
     prompt_format: str = "ids"
     seed: int = 0
 
@@ -107,12 +109,80 @@ def ids_to_text(token_ids: list[int]) -> str:
     return " ".join(_WORDS[i % len(_WORDS)] for i in token_ids)
 
 
-def sample_requests(cfg: DatasetConfig) -> list[SampleRequest]:
-    """The requests `cfg` describes, as token ids or as text."""
-    if cfg.name == "w1":
-        requests = w1_requests(cfg.num_prompts, cfg.seed)
-    else:
-        requests = random_requests(cfg)
-    if cfg.prompt_format == "text":
-        requests = [SampleRequest(ids_to_text(r.prompt), r.prompt_len, r.expected_output_len) for r in requests]
+@dataclass(frozen=True)
+class ServerLimits:
+    """What the served model accepts, as GET /v1/models reports it (None: not reported)."""
+
+    max_model_len: int | None = None  # prompt + output tokens
+    vocab_size: int | None = None  # prompt token ids in [0, vocab_size)
+
+    def __post_init__(self) -> None:
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"the server's max_model_len is {self.max_model_len}: no room for a prompt and output")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise ValueError(f"the server's vocab_size is {self.vocab_size}: must be >= 1")
+
+
+@dataclass
+class FitReport:
+    """Requests fitted to a server, and how many had to change."""
+
+    requests: list[SampleRequest]
+    num_shortened: int = 0
+    num_folded: int = 0
+
+    def notes(self, limits: ServerLimits) -> list[str]:
+        """One line per kind of change, for the user."""
+        total, lines = len(self.requests), []
+        if self.num_shortened:
+            lines.append(f"{self.num_shortened} of {total} requests shortened to fit the server's max_model_len "
+                         f"{limits.max_model_len} (prompt + output tokens)")
+        if self.num_folded:
+            lines.append(f"{self.num_folded} of {total} prompts had token ids >= the server's vocab_size "
+                         f"{limits.vocab_size}: folded into range (id % vocab_size)")
+        return lines
+
+
+def fit_lengths(prompt_len: int, output_len: int, max_model_len: int) -> tuple[int, int]:
+    """(prompt, output) lengths with prompt + output <= max_model_len; unchanged when they fit.
+
+    Each side keeps at least min(its length, max_model_len // 2); the output keeps what it asked for
+    within that, the prompt takes the rest (a 1024-token prompt with 128 output tokens in a 1024-token
+    context becomes 896 + 128).
+    """
+    if prompt_len + output_len <= max_model_len:
+        return prompt_len, output_len
+    output = min(output_len, max_model_len - min(prompt_len, max_model_len // 2))
+    return min(prompt_len, max_model_len - output), output
+
+
+def fit_to_server(requests: list[SampleRequest], limits: ServerLimits) -> FitReport:
+    """Token-id requests the server accepts: ids folded into its vocabulary, lengths into its context."""
+    report = FitReport([])
+    for request in requests:
+        prompt, out_len = list(request.prompt), request.expected_output_len
+        if limits.vocab_size is not None and any(t >= limits.vocab_size for t in prompt):
+            prompt = [t % limits.vocab_size for t in prompt]
+            report.num_folded += 1
+        if limits.max_model_len is not None:
+            prompt_len, out_len = fit_lengths(len(prompt), out_len, limits.max_model_len)
+            if (prompt_len, out_len) != (len(prompt), request.expected_output_len):
+                prompt = prompt[:prompt_len]
+                report.num_shortened += 1
+        report.requests.append(SampleRequest(prompt, len(prompt), out_len))
+    return report
+
+
+def as_prompt_format(requests: list[SampleRequest], prompt_format: str) -> list[SampleRequest]:
+    """Token-id requests as `prompt_format` asks: unchanged for ids, one word per id for text."""
+    if prompt_format == "text":
+        return [SampleRequest(ids_to_text(r.prompt), r.prompt_len, r.expected_output_len) for r in requests]
     return requests
+
+
+def sample_requests(cfg: DatasetConfig, limits: ServerLimits | None = None) -> list[SampleRequest]:
+    """The requests `cfg` describes, fitted to `limits` when given, as token ids or as text."""
+    requests = w1_requests(cfg.num_prompts, cfg.seed) if cfg.name == "w1" else random_requests(cfg)
+    if limits is not None:
+        requests = fit_to_server(requests, limits).requests
+    return as_prompt_format(requests, cfg.prompt_format)

@@ -19,6 +19,10 @@ import numpy as np
 
 from .datasets import SampleRequest
 from .metrics import RequestRecord
+from .server_info import api_url, error_message, warm_up_hint
+
+__all__ = ["ClientConfig", "Connector", "RunResult", "SSEDecoder", "api_url", "arrival_schedule", "benchmark",
+           "build_payload", "stream_completion"]
 
 
 @dataclass(frozen=True)
@@ -60,16 +64,6 @@ class RunResult:
     records: list[RequestRecord]
     duration_s: float
     client_cpu_util: float = 0.0
-
-
-def api_url(base_url: str, endpoint: str = "/v1/completions") -> str:
-    """`http://host:8000` or `http://host:8000/v1` -> `http://host:8000/v1/completions`."""
-    if not base_url.startswith(("http://", "https://")):
-        raise ValueError(f"--base-url must start with http:// or https://, got {base_url!r}")
-    base = base_url.rstrip("/")
-    if base.endswith("/v1") and endpoint.startswith("/v1/"):
-        base = base[: -len("/v1")]
-    return base + "/" + endpoint.lstrip("/")
 
 
 def arrival_schedule(num_requests: int, request_rate: float, burstiness: float = 1.0,
@@ -193,7 +187,7 @@ async def stream_completion(connector: Connector, cfg: ClientConfig, request: Sa
         async with client, client.stream("POST", cfg.api_url, json=payload, headers=headers) as response:
             if response.status_code != 200:
                 body = (await response.aread()).decode("utf-8", "replace").strip()
-                record.error = f"HTTP {response.status_code}: {body[:300]}"
+                record.error = f"HTTP {response.status_code}: {error_message(body)[:300]}"
                 return record
             await _read_events(response, _Stream(record, sent))
     except Exception as err:  # noqa: BLE001 - every failure is a failed request, reported, never a crash
@@ -244,8 +238,8 @@ async def warm_up(connector: Connector, cfg: ClientConfig, request: SampleReques
             await asyncio.sleep(1.0)
             record = await stream_completion(connector, cfg, request)
         if not record.success:
-            raise ValueError(f"warm-up request to {cfg.api_url} failed: {record.error}. Check that the server "
-                             "is up and that --base-url and --model name it (--ready-timeout waits for it)")
+            raise ValueError(f"warm-up request to {cfg.api_url} failed: {record.error}\n"
+                             f"  hint: {warm_up_hint(record.error or '')}")
 
 
 async def run_rate(connector: Connector, cfg: ClientConfig, requests: list[SampleRequest],

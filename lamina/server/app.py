@@ -77,7 +77,8 @@ def _v1_router(serving: OpenAIServing, settings: ServerSettings, engine: AsyncEn
 
     @router.get("/models")
     async def models() -> JSONResponse:
-        card = ModelCard(id=settings.served_model_name, root=settings.model_root, max_model_len=engine.max_model_len)
+        card = ModelCard(id=settings.served_model_name, root=settings.model_root, max_model_len=engine.max_model_len,
+                         vocab_size=engine.engine.arch.vocab_size)
         return JSONResponse(dump(ModelList(data=[card])))
 
     return router

@@ -232,12 +232,16 @@ class ChatCompletionChunk(BaseModel):
 
 
 class ModelCard(BaseModel):
+    """One entry of GET /v1/models. `max_model_len` is vLLM's field; `vocab_size` is lamina's (prompt token
+    ids must be in [0, vocab_size)): `lamina bench serve` reads both to fit its random prompts."""
+
     id: str
     object: str = "model"
     created: int = Field(default_factory=_now)
     owned_by: str = "lamina"
     root: str | None = None
     max_model_len: int | None = None
+    vocab_size: int | None = None
 
 
 class ModelList(BaseModel):

@@ -78,3 +78,17 @@ def test_failures_are_reported_with_a_nonzero_exit(capsys):
 def test_bad_options_name_the_option(argv, message):
     with pytest.raises(ValueError, match=message):
         _main(["bench", "serve", "--model", "m", *argv])
+
+
+def test_a_failed_warm_up_names_the_likely_cause(capsys):
+    with StubServer(StubConfig(fail_every=1, fail_statuses=(400,))) as stub:
+        with pytest.raises(ValueError) as info:
+            _main(["bench", "serve", "--base-url", stub.base_url, "--num-prompts", "2", "--disable-tqdm"])
+    assert "HTTP 400: stub failure 400" in str(info.value) and "rejected the request" in str(info.value)
+    # the stub's /v1/models reports no limits (like HF `transformers serve`): nothing is fitted, and it says so
+    assert "does not report max_model_len" in capsys.readouterr().err
+    with StubServer() as stub:
+        port = stub.base_url.rsplit(":", 1)[1]
+    with pytest.raises(ValueError, match="no server answered: check --base-url"):
+        _main(["bench", "serve", "--base-url", f"http://127.0.0.1:{port}", "--model", MODEL, "--num-prompts", "1",
+               "--disable-tqdm"])

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lamina.bench.datasets import DatasetConfig, length_bounds, sample_requests
+from lamina.bench.datasets import (DatasetConfig, ServerLimits, fit_lengths, fit_to_server, length_bounds,
+                                   sample_requests)
 
 
 def test_random_fixed_lengths_and_id_range():
@@ -55,3 +56,25 @@ def test_text_prompts_have_one_word_per_token():
 def test_bad_options_name_the_option(kwargs, option):
     with pytest.raises(ValueError, match=option):
         DatasetConfig(**kwargs)
+
+
+@pytest.mark.parametrize("asked, limit, fitted", [
+    ((1024, 128), 1024, (896, 128)),  # the README's defaults against the demo model's context
+    ((10, 200), 128, (10, 118)), ((1024, 1024), 1024, (512, 512)), ((500, 1000), 1024, (500, 524)),
+    ((100, 20), 128, (100, 20)), ((5, 5), 2, (1, 1)),
+])
+def test_fit_lengths_keeps_both_sides_and_fills_the_context(asked, limit, fitted):
+    assert fit_lengths(*asked, limit) == fitted
+
+
+def test_fit_to_server_folds_ids_and_shortens_prompts():
+    reqs = sample_requests(DatasetConfig(name="w1", num_prompts=20, seed=0))
+    limits = ServerLimits(max_model_len=1024, vocab_size=8192)
+    report = fit_to_server(reqs, limits)
+    assert all(max(r.prompt) < 8192 and r.prompt_len + r.expected_output_len <= 1024 for r in report.requests)
+    assert all(r.prompt_len == len(r.prompt) for r in report.requests)
+    assert 0 < report.num_folded <= 20 and 0 < report.num_shortened < 20
+    assert len(report.notes(limits)) == 2
+    assert fit_to_server(reqs, ServerLimits()).requests == reqs  # a server that reports nothing: unchanged
+    text = sample_requests(DatasetConfig(num_prompts=2, input_len=300, prompt_format="text"), ServerLimits(256))
+    assert all(len(r.prompt.split()) == r.prompt_len == 128 for r in text)

@@ -19,6 +19,7 @@ def test_models_lists_the_served_model(client: openai.OpenAI, server: RunningSer
     models = client.models.list().data
     assert [m.id for m in models] == [MODEL_NAME]
     assert models[0].model_extra["max_model_len"] == server.engine.max_model_len
+    assert models[0].model_extra["vocab_size"] == 320  # lamina's field: prompt ids in [0, vocab_size)
 
 
 def test_completion_text_and_usage_match_offline(client: openai.OpenAI, offline: LLM) -> None:
