@@ -35,7 +35,7 @@ class _SamplingRequest(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = None  # None: the rest of the context
+    max_tokens: int | None = None  # None: the rest of the context (chat; completions default to 16)
     logit_bias: dict[str, float] | None = None  # accepted for compatibility; must be empty
     user: str | None = None
     # vLLM's extra sampling fields
@@ -68,6 +68,7 @@ class _SamplingRequest(BaseModel):
 
 class CompletionRequest(_SamplingRequest):
     prompt: PromptInput
+    max_tokens: int | None = 16  # OpenAI's and vLLM's default for completions; null: the rest of the context
     logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None

@@ -33,11 +33,19 @@ def test_completion_text_and_usage_match_offline(client: openai.OpenAI, offline:
                                                                                        num_prompt + 12)
 
 
-def test_max_tokens_defaults_to_the_rest_of_the_context(client: openai.OpenAI, server: RunningServer) -> None:
+def test_max_tokens_defaults_to_16_as_in_openai_and_vllm(client: openai.OpenAI, server: RunningServer) -> None:
     r = client.completions.create(model=MODEL_NAME, prompt=[5, 6, 7], temperature=0,
                                   extra_body={"ignore_eos": True})
-    assert r.usage.prompt_tokens == 3
-    assert r.usage.completion_tokens == server.engine.max_model_len - 3
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.choices[0].finish_reason) == (3, 16, "length")
+    body = {"model": MODEL_NAME, "prompt": [5, 6, 7], "max_tokens": None, "temperature": 0, "ignore_eos": True}
+    r = httpx.post(server.base_url + "/completions", json=body, timeout=60).json()  # null: the rest of the context
+    assert r["usage"]["completion_tokens"] == server.engine.max_model_len - 3
+
+
+def test_chat_max_tokens_defaults_to_the_rest_of_the_context(client: openai.OpenAI, server: RunningServer) -> None:
+    r = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], temperature=0,
+                                       extra_body={"ignore_eos": True})
+    assert r.usage.prompt_tokens + r.usage.completion_tokens == server.engine.max_model_len
     assert r.choices[0].finish_reason == "length"
 
 
