@@ -69,7 +69,7 @@ def _max_diff(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, bool]:
 
 
 def sweep_shape(name: str, n: int, k: int, configs: list[Any], device: str, args: argparse.Namespace) -> dict:
-    from lamina.kernels.gemv import default_config, gemv
+    from lamina.kernels.gemv import default_config, gemv, num_sms
 
     dtype = torch.bfloat16
     weight_bytes = n * k * dtype.itemsize
@@ -86,7 +86,7 @@ def sweep_shape(name: str, n: int, k: int, configs: list[Any], device: str, args
     cublas_us = _time_per_call([lambda w=w: F.linear(x, w) for w in order], device, args.warmup_ms, args.rep_ms)
     flag = torch.zeros(1, device=device)
     floor_us = _time_per_call([flag.zero_] * len(order), device, args.warmup_ms, args.rep_ms)  # empty launches
-    default = default_config(n, k)
+    default = default_config(n, k, num_sms(torch.device("cuda")))
     results = []
     for cfg in dict.fromkeys([*configs, default]):  # the default too, when it is not a candidate
         row: dict[str, Any] = {"config": cfg.name, **vars(cfg), "default": cfg == default}

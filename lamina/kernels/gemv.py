@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 MAX_M = 4
-NUM_SMS = 132  # H200
+INTERPRETER_SMS = 132  # CPU tensors (Triton's interpreter) plan as if on an H200, where the tiles were swept
 REDUCE_BLOCK = 256
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -88,11 +88,19 @@ CANDIDATE_CONFIGS: list[GemvConfig] = [
 
 _MIN_TILE = 2048  # weight-tile elements: 4 KB of bf16
 _PER_WARP = 512  # tile elements per warp: two 16-byte loads per thread
-_MIN_PROGRAMS = 4 * NUM_SMS  # a full wave with ~4 resident programs per SM
+PROGRAMS_PER_SM = 4  # a full wave with ~4 resident programs per SM
+
+
+@functools.cache
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of `device`'s GPU (asked once per device)."""
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 @functools.lru_cache(maxsize=None)  # a pure function of the shape, asked on every call
-def default_config(n: int, k: int) -> GemvConfig:
+def default_config(n: int, k: int, sms: int = INTERPRETER_SMS) -> GemvConfig:
     """Whole rows, small tiles, many programs: the measured best on the H200 (lamina/bench/gemv_sweep.py
     at M = 1, bf16: within 3% of the best candidate on all ten Qwen3-0.6B / Llama-3-8B shapes).
 
@@ -101,7 +109,7 @@ def default_config(n: int, k: int) -> GemvConfig:
     So K <= 4096 is taken in one tile (whole rows, no loop), longer K in tiles of the largest power of
     two <= 2048 dividing it; a tile is one row, or as many as make it 2048 elements, and the warps
     give each thread two 16-byte loads. Small programs make up in numbers what each holds in flight:
-    up to 16 resident per SM, an even spread over the 132 SMs, a short tail. Measured, not chosen:
+    up to 16 resident per SM, an even spread over the `sms` SMs (132 on the H200), a short tail. Measured, not chosen:
     split K never won (its reduce launch costs more than the extra programs give), num_stages changed
     nothing, bigger tiles and more loads per thread lost 5-40%.
     """
@@ -113,7 +121,7 @@ def default_config(n: int, k: int) -> GemvConfig:
         while block_k > 256 and k % block_k:
             block_k //= 2
     block_n = max(1, min(64, _MIN_TILE // block_k))
-    while block_n > 1 and triton.cdiv(n, block_n) < _MIN_PROGRAMS:
+    while block_n > 1 and triton.cdiv(n, block_n) < PROGRAMS_PER_SM * sms:
         block_n //= 2
     num_warps = max(1, min(8, block_n * block_k // _PER_WARP))
     return GemvConfig(block_n, block_k, 1, num_warps=num_warps, num_stages=1)
@@ -217,7 +225,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    cfg = config or default_config(n, k)
+    cfg = config or default_config(n, k, num_sms(x.device))
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split_k) * cfg.block_k
     ws = out if cfg.split_k == 1 else torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x.device)
     b = out if bias is None else bias  # never read without HAS_BIAS

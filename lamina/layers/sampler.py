@@ -11,11 +11,21 @@ Order of processing (vLLM's):
 
 The exponential race picks argmax(p_i / q_i) with q_i ~ Exp(1), which samples i with probability p_i.
 A seeded row draws its q from its own generator, so its tokens do not depend on the rest of the batch.
+The sets kept (ties always stay together; the top token always stays):
+
+    top-k   l_j >= the k-th largest logit
+    top-p   the mass of the tokens strictly more likely than j (after top-k) is below p
+    min-p   p_j >= min_p * max p
+
+CUDA logits with per-row Philox keys (`SamplingMetadata.seeds`) go to one Triton kernel that samples
+these same sets without sorting (lamina/kernels/sampling.py); the torch functions here are its oracle.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 from torch import nn
@@ -66,11 +76,39 @@ class Sampler(nn.Module):
     def _sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
         if metadata.all_greedy:
             return logits.argmax(dim=-1)
+        kernels = sampling_kernels_for(logits)
+        if kernels is not None and metadata.seeds is not None:
+            return sample_with_kernel(kernels, logits, metadata)
         probs = random_probs(logits, metadata)
         random = exponential_race(probs, metadata.generators, self.generator)
         if metadata.all_random:
             return random
         return torch.where(metadata.greedy_mask, logits.argmax(dim=-1), random)
+
+
+@functools.cache
+def _load_sampling_kernels() -> ModuleType | None:
+    try:
+        from lamina.kernels import sampling
+    except ImportError:  # no triton: the torch path
+        return None
+    return sampling
+
+
+def sampling_kernels_for(logits: torch.Tensor) -> ModuleType | None:
+    """lamina.kernels.sampling for CUDA logits when triton imports (tried once), else None."""
+    return _load_sampling_kernels() if logits.is_cuda else None
+
+
+def sample_with_kernel(kernels: ModuleType, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    """Every row in one sorting-free kernel launch; greedy rows get temperature 0 (argmax)."""
+    assert metadata.temperature is not None and metadata.seeds is not None
+    temperature = metadata.temperature
+    if metadata.greedy_mask is not None:
+        temperature = temperature.masked_fill(metadata.greedy_mask, 0.0)
+    kth = None if metadata.top_k is None else kth_largest(logits, metadata.top_k, metadata.max_top_k)
+    return kernels.sample(logits, temperature, metadata.seeds, top_p=metadata.top_p, min_p=metadata.min_p,
+                          kth=kth)
 
 
 def process_logits(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
@@ -117,28 +155,30 @@ def random_probs(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tens
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, max_top_k: int,
                       top_p: torch.Tensor | None) -> torch.Tensor:
-    """Mask (-inf) tokens outside top-k (ties at the k-th value are kept), then outside top-p: the
-    smallest set of most likely tokens whose probability (after top-k) reaches p; the top token stays."""
-    if top_p is None:
-        return logits if top_k is None else _apply_top_k_only(logits, top_k, max_top_k)
-    ascending, order = logits.sort(dim=-1, stable=True)
+    """Mask (-inf) the tokens outside top-k, then outside top-p of what is left (module docstring)."""
     if top_k is not None:
-        kth = ascending.gather(1, (logits.shape[1] - top_k).unsqueeze(1))
-        ascending = ascending.masked_fill(ascending < kth, float("-inf"))
-    # cumulative mass of this token and every less likely one; <= 1 - p means the more likely
-    # tokens already reach p without it
-    below = ascending.softmax(dim=-1).cumsum(dim=-1)
-    drop = below <= 1.0 - top_p.unsqueeze(1)
-    drop[:, -1] = False
-    ascending = ascending.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(1, order, ascending)
+        logits = logits.masked_fill(logits < kth_largest(logits, top_k, max_top_k).unsqueeze(1), float("-inf"))
+    if top_p is not None:
+        logits = logits.masked_fill(logits < top_p_threshold(logits, top_p).unsqueeze(1), float("-inf"))
+    return logits
 
 
-def _apply_top_k_only(logits: torch.Tensor, top_k: torch.Tensor, max_top_k: int) -> torch.Tensor:
-    """top-k without a full sort: the k-th largest value of each row from one topk(max_k)."""
-    values = logits.topk(max_top_k, dim=-1).values
-    kth = values.gather(1, (top_k - 1).unsqueeze(1))
-    return logits.masked_fill(logits < kth, float("-inf"))
+def kth_largest(logits: torch.Tensor, top_k: torch.Tensor, max_top_k: int) -> torch.Tensor:
+    """[B]: each row's top_k-th largest logit, -inf where top_k >= V (off); one topk(max_top_k), no sort."""
+    vocab_size = logits.shape[1]
+    width = max(1, min(max_top_k, vocab_size))
+    values = logits.topk(width, dim=-1).values
+    kth = values.gather(1, (top_k.clamp(max=width) - 1).unsqueeze(1)).squeeze(1)
+    return kth.masked_fill(top_k >= vocab_size, float("-inf"))
+
+
+def top_p_threshold(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """[B]: the smallest logit of each row's top-p set, where token j stays iff the mass of the tokens
+    before it in descending order is below p (its tie group stays whole: the mask is logits < this)."""
+    descending = logits.sort(dim=-1, descending=True).values
+    probs = descending.softmax(dim=-1)
+    kept = (probs.cumsum(dim=-1) - probs) < top_p.unsqueeze(1)  # a prefix, at least the top token
+    return descending.gather(1, (kept.sum(dim=-1, keepdim=True) - 1)).squeeze(1)
 
 
 def apply_min_p(probs: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,11 @@ when no row needs them, so the Sampler skips that work entirely:
     min_p        [B] float32   0.0 where off               | None when no random row uses min-p
     penalties    PenaltyTensors                            | None when no row has a penalty
     min_tokens   MinTokensMask (row, token id) pairs       | None when no row is below min_tokens
+    seeds        [B] int64 Philox key of each row's draw   | None: the kernel path is off (torch path)
+
+Every tensor reaches the device by a non-blocking copy from pinned memory: building the metadata never
+makes the host wait for the device (a plain torch.tensor(..., device="cuda") would wait for every
+step queued before it, which undoes async scheduling).
 """
 from __future__ import annotations
 
@@ -53,13 +58,14 @@ class SamplingMetadata:
     all_random: bool
     greedy_mask: torch.Tensor | None
     top_k: torch.Tensor | None
-    max_top_k: int  # max of top_k (a Python int, so the sampler never syncs to read it)
+    max_top_k: int  # the largest top_k below V (a Python int, so the sampler never syncs to read it)
     top_p: torch.Tensor | None
     min_p: torch.Tensor | None
     generators: dict[int, torch.Generator]  # row -> the request's own generator (seeded rows only)
     max_num_logprobs: int | None  # None: no row asked for logprobs
     penalties: PenaltyTensors | None
     min_tokens: MinTokensMask | None
+    seeds: torch.Tensor | None = None
 
     @property
     def no_penalties(self) -> bool:
@@ -67,8 +73,9 @@ class SamplingMetadata:
 
     @classmethod
     def from_requests(cls, requests: list[Request], generators: dict[str, torch.Generator],
-                      vocab_size: int, device: torch.device) -> SamplingMetadata:
-        """Build the step's metadata; `generators` maps request_id -> generator for seeded requests."""
+                      vocab_size: int, device: torch.device, seeds: list[int] | None = None) -> SamplingMetadata:
+        """Build the step's metadata; `generators` maps request_id -> generator for seeded requests;
+        `seeds`, when given, are the rows' Philox keys for the sampling kernel (lamina.layers.sampler)."""
         if vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
         params = [r.sampling_params for r in requests]
@@ -81,11 +88,10 @@ class SamplingMetadata:
                          _floats([1.0 if g else p.temperature for p, g in zip(params, greedy)], device)),
             all_greedy=all(greedy),
             all_random=not any(greedy),
-            greedy_mask=(torch.tensor(greedy, dtype=torch.bool, device=device)
-                         if any(greedy) and not all(greedy) else None),
-            top_k=(torch.tensor(top_k, dtype=torch.int64, device=device)
+            greedy_mask=(_to_device(greedy, torch.bool, device) if any(greedy) and not all(greedy) else None),
+            top_k=(_to_device(top_k, torch.int64, device)
                    if any(0 < p.top_k < vocab_size for p in random_params) else None),
-            max_top_k=max(top_k, default=vocab_size),
+            max_top_k=max((k for k in top_k if k < vocab_size), default=1),
             top_p=(_floats([1.0 if g else p.top_p for p, g in zip(params, greedy)], device)
                    if any(p.top_p < 1.0 for p in random_params) else None),
             min_p=(_floats([0.0 if g else p.min_p for p, g in zip(params, greedy)], device)
@@ -94,11 +100,20 @@ class SamplingMetadata:
             max_num_logprobs=max(logprobs, default=None),
             penalties=_penalty_tensors(requests, vocab_size, device),
             min_tokens=_min_tokens_mask(requests, vocab_size, device),
+            seeds=None if seeds is None else _to_device(seeds, torch.int64, device),
         )
 
 
+def _to_device(values: list | torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Host values on `device` without making the host wait (pinned memory, non-blocking copy)."""
+    host = values.to(dtype) if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
+    if device.type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def _floats(values: list[float], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.float32, device=device)
+    return _to_device(values, torch.float32, device)
 
 
 def _top_k(params: SamplingParams, greedy: bool, vocab_size: int) -> int:
@@ -160,7 +175,7 @@ def _token_counts(token_lists: list[list[int]], rows: list[int], shape: tuple[in
     lengths = torch.tensor([len(tokens) for tokens in token_lists], dtype=torch.int64)
     flat = torch.repeat_interleave(torch.tensor(rows, dtype=torch.int64), lengths) * vocab_size + ids
     counts = torch.zeros(shape[0] * vocab_size, dtype=torch.float32, device=device)
-    flat = flat.to(device)
+    flat = _to_device(flat, torch.int64, device)
     counts.scatter_add_(0, flat, torch.ones(flat.shape, dtype=torch.float32, device=device))
     return counts.view(shape)
 
@@ -182,5 +197,29 @@ def _min_tokens_mask(requests: list[Request], vocab_size: int,
         token_ids.extend(kept)
     if not rows:
         return None
-    return MinTokensMask(rows=torch.tensor(rows, dtype=torch.int64, device=device),
-                         token_ids=torch.tensor(token_ids, dtype=torch.int64, device=device))
+    return MinTokensMask(rows=_to_device(rows, torch.int64, device),
+                         token_ids=_to_device(token_ids, torch.int64, device))
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finalizer: a bijection of 64-bit ints that scatters nearby inputs."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def philox_keys(requests: list[Request], sample_positions: list[int], step_key: int) -> list[int]:
+    """The sampling kernel's key of each row, as int64. A seeded request's key depends only on its seed
+    and the index of the token it samples, so its tokens do not depend on the batch, on async
+    scheduling or on preemption; the others take step_key + row (step_key fresh every step)."""
+    keys = []
+    for row, (request, position) in enumerate(zip(requests, sample_positions)):
+        seed = request.sampling_params.seed
+        key = (step_key + row) & _MASK64 if seed is None else _mix64(_mix64(seed & _MASK64) ^ position)
+        keys.append(key - (1 << 64) if key >= 1 << 63 else key)
+    return keys
+

@@ -6,6 +6,7 @@ then as device tensors (`InputBatch`) in two copies.
       slot_mapping += block_ids[p // bs] * bs + p % bs   for p in [c, c + q)
       seq_lens    += c + q
       logits index = last flattened token of r, only if c + q reaches the end of r's tokens
+      sample position = c + q: the index in r's tokens of the token it samples (keys its random draw)
     a decode_ahead step: one token at position num_tokens (c = num_tokens, q = 1), input id 0 until the
     model runner writes the in-flight step's sample there
 
@@ -17,7 +18,7 @@ graph's static buffers (lamina/worker/cuda_graphs.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -39,6 +40,7 @@ class HostBatch:
     block_tables: list[list[int]]  # [B][W]: each request's block ids, padded with 0 to the widest
     logits_indices: list[int]  # [S]
     sampling_requests: list[Request]  # the S requests that sample a token this step
+    sample_positions: list[int] = field(default_factory=list)  # [S]: index of the token each one samples
 
     @property
     def num_seqs(self) -> int:
@@ -79,6 +81,7 @@ def plan_batch(scheduled: SchedulerOutput, block_size: int) -> HostBatch:
     seq_lens: list[int] = []
     logits_indices: list[int] = []
     sampling: list[Request] = []
+    sample_positions: list[int] = []
     for request in scheduled.requests:
         if scheduled.decode_ahead:  # the token the step in flight samples: the runner fills in its id
             start, end = request.num_tokens, request.num_tokens + 1
@@ -99,9 +102,11 @@ def plan_batch(scheduled: SchedulerOutput, block_size: int) -> HostBatch:
         if end >= request.num_tokens:  # (always, ahead)
             logits_indices.append(len(input_ids) - 1)
             sampling.append(request)
+            sample_positions.append(end)
     width = max(len(r.block_ids) for r in scheduled.requests)
     tables = [r.block_ids + [0] * (width - len(r.block_ids)) for r in scheduled.requests]
-    return HostBatch(input_ids, positions, slots, query_start, seq_lens, tables, logits_indices, sampling)
+    return HostBatch(input_ids, positions, slots, query_start, seq_lens, tables, logits_indices, sampling,
+                     sample_positions)
 
 
 ALIGN_BYTES = 16  # every packed field starts 16-byte aligned, like a tensor of its own

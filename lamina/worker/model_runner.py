@@ -7,6 +7,7 @@ before the previous step's result is read: its input ids are that step's samples
 from __future__ import annotations
 
 import dataclasses
+import random
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +17,7 @@ from lamina.attention.metadata import set_attention_metadata
 from lamina.engine.interfaces import ModelRunnerOutput, SchedulerOutput
 from lamina.engine.request import Request
 from lamina.layers.sampler import LogprobsTensors, Sampler, SamplingMetadata, to_logprob_dicts
+from lamina.layers.sampling_metadata import philox_keys
 from lamina.worker.cuda_graphs import CudaGraphRunner
 from lamina.worker.input_batch import HostBatch, plan_batch, to_device
 
@@ -89,6 +91,7 @@ class ModelRunner:
         self.device = device
         self.sampler = Sampler(generator=torch.Generator(device).manual_seed(seed))
         self._generators: dict[str, torch.Generator] = {}
+        self._step_keys = random.Random(seed)  # keys of the rows without a seed, fresh every step
         self.graphs: CudaGraphRunner | None = None  # set by the Worker when decode steps are captured
 
     def execute(self, scheduled: SchedulerOutput) -> ModelRunnerOutput:
@@ -109,7 +112,7 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden)
         requests = host.sampling_requests
         metadata = SamplingMetadata.from_requests(requests, self._generators_for(requests), self.vocab_size,
-                                                  self.device)
+                                                  self.device, self._philox_keys(host))
         out = self.sampler(logits, metadata)
         return PendingStep(requests, out.sampled_token_ids, out.logprobs)
 
@@ -134,6 +137,12 @@ class ModelRunner:
         with set_attention_metadata(batch.attn_metadata):
             hidden = self.model(batch.input_ids, batch.positions)
         return hidden[batch.logits_indices]
+
+    def _philox_keys(self, host: HostBatch) -> list[int] | None:
+        """Per-row keys of the CUDA sampling kernel (lamina.layers.sampler); None on the CPU (torch path)."""
+        if self.device.type != "cuda":
+            return None
+        return philox_keys(host.sampling_requests, host.sample_positions, self._step_keys.getrandbits(63))
 
     def _generators_for(self, requests: list[Request]) -> dict[str, torch.Generator]:
         """A request with a seed owns a generator for its whole life (so its samples do not

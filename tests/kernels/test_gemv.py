@@ -20,7 +20,9 @@ from lamina.kernels.gemv import (  # noqa: E402
     CANDIDATE_CONFIGS,
     MAX_M,
     GemvConfig,
+    INTERPRETER_SMS,
     default_config,
+    num_sms,
     gemv,
 )
 from lamina.layers import linear  # noqa: E402
@@ -138,6 +140,13 @@ def test_configs() -> None:
         c = default_config(n, k)
         assert c.block_k <= 4096 and c.block_n * c.block_k <= 16384, (n, k, c)
         assert (n + c.block_n - 1) // c.block_n >= 132, f"{n}x{k}: fewer programs than SMs with {c}"
+
+
+def test_default_config_follows_the_device_sm_count() -> None:
+    """Fewer SMs need fewer programs for a full wave: wider tiles (the SM count comes from the device)."""
+    assert default_config(1024, 1024, 132).block_n == 1
+    assert default_config(1024, 1024, 16).block_n == 2
+    assert num_sms(torch.device("cpu")) == INTERPRETER_SMS
 
 
 # --- the layers' switch ------------------------------------------------------------------------------

@@ -165,6 +165,15 @@ def test_top_k_keeps_ties_at_kth_value() -> None:
     assert set(tokens.tolist()) == {0, 1, 2, 3}
 
 
+def test_top_p_keeps_ties_at_the_boundary() -> None:
+    """p(2.0) = 0.534 < 0.6: the next value, 1.0, stays, and so does its tie (the mass strictly above
+    either is 0.534); 0.0 is out. A position-based cut would keep only one of the tied tokens."""
+    row = [2.0, 1.0, 1.0, 0.0]
+    requests = [make_request(f"r{i}", SamplingParams(top_p=0.6)) for i in range(2000)]
+    tokens = run_sampler(torch.tensor([row] * 2000), requests).sampled_token_ids
+    assert set(tokens.tolist()) == {0, 1, 2}
+
+
 # ---------------------------------------------------------------- greedy
 
 def test_greedy_is_argmax_and_draws_no_randomness() -> None:

@@ -1,0 +1,152 @@
+"""Sorting-free sampling: one Triton program per row, no sort, no host sync (FlashInfer's idea).
+
+Row r samples from softmax(x), x = logits / T over the tokens that survive top-k, top-p and min-p
+(`lamina.layers.sampler` defines them; its torch path is the oracle):
+
+    keep(j) = l_j >= kth                    top-k (kth: the k-th largest logit, ties kept; -inf = off)
+            & x_j >= m + log(min_p)         min-p (m = max x)
+            & M(j) < top_p * Z              top-p: M(j) = sum of e^(x_i - m) over x_i > x_j,
+                                                   Z = sum of e^(x_i - m) over l_i >= kth
+
+Top-k and min-p are floors known after one pass. Top-p is a "top set": if j is out, so is every token
+less likely than j. So the program samples by rejection (exact):
+
+    pivot = -inf
+    loop:  j = Gumbel-max over {keep-floors, x > pivot}     one pass: argmax(x + g), g ~ Gumbel(0, 1)
+           accept if M(j) < top_p * Z                        one pass (skipped when top_p = 1)
+           else pivot = x_j                                  j and all below it are out of the top-p set
+
+The accepted j is distributed as softmax restricted to the kept set: each draw is from that
+distribution restricted to a superset of it, and rejections only drop tokens outside it. The top token
+is always accepted (M = 0), so the loop ends; with top_p 0.95 it almost always ends in the first round.
+Noise g = -log(-log(u)), u from Philox keyed by the row's seed at counter round * V + column: a row's
+tokens depend only on its seed, never on the batch. A row with temperature 0 is greedy (argmax).
+
+Importing this module imports triton: the sampler imports it only for CUDA logits.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_V = 4096  # vocabulary tile: 16 KB of float32 logits per load
+NUM_WARPS = 8
+
+
+@triton.jit
+def _row_stats(row_ptr, scale, kth, vocab: tl.constexpr, BLOCK: tl.constexpr):
+    """(m, Z): max of x over the row, and the sum of e^(x - m) over the top-k tokens (online)."""
+    m_vec = tl.full([BLOCK], float("-inf"), tl.float32)
+    s_vec = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, vocab, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        logit = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+        x = logit * scale
+        m_new = tl.maximum(m_vec, x)
+        alpha = tl.where(m_vec > float("-inf"), tl.exp(m_vec - m_new), 0.0)
+        term = tl.where((logit >= kth) & (x > float("-inf")), tl.exp(x - m_new), 0.0)
+        s_vec = s_vec * alpha + term
+        m_vec = m_new
+    m = tl.max(m_vec, 0)
+    z = tl.sum(tl.where(m_vec > float("-inf"), s_vec * tl.exp(m_vec - m), 0.0), 0)
+    return m, z
+
+
+@triton.jit
+def _gumbel_argmax(row_ptr, scale, kth, floor_x, pivot, seed, noise, round_idx, vocab: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """argmax over {l >= kth, x >= floor_x, x > pivot} of x + noise * Gumbel(seed, round_idx * V + col)."""
+    best = float("-inf")
+    best_idx = 0
+    for start in range(0, vocab, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        in_row = cols < vocab
+        logit = tl.load(row_ptr + cols, mask=in_row, other=float("-inf")).to(tl.float32)
+        x = logit * scale
+        u = tl.maximum(tl.rand(seed, round_idx * vocab + cols), 2.3283064e-10)  # u = 0 -> 2^-32: no -inf noise
+        gumbel = -tl.log(-tl.log(u))
+        score = x + tl.where(noise, gumbel, 0.0)
+        keep = in_row & (logit >= kth) & (x >= floor_x) & (x > pivot)
+        score = tl.where(keep, score, float("-inf"))
+        tile_best = tl.max(score, 0)
+        if tile_best > best:
+            best = tile_best
+            best_idx = start + tl.argmax(score, 0)
+    return best_idx
+
+
+@triton.jit
+def _mass_above(row_ptr, scale, x_j, m, vocab: tl.constexpr, BLOCK: tl.constexpr):
+    """sum of e^(x_i - m) over x_i > x_j."""
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, vocab, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        logit = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+        x = logit * scale
+        acc += tl.where(x > x_j, tl.exp(x - m), 0.0)
+    return tl.sum(acc, 0)
+
+
+@triton.jit
+def _sample_kernel(logits_ptr, stride_row, temperature_ptr, top_p_ptr, min_p_ptr, kth_ptr, seed_ptr, out_ptr,
+                   vocab: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_MIN_P: tl.constexpr, HAS_KTH: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    row_ptr = logits_ptr + row.to(tl.int64) * stride_row
+    temperature = tl.load(temperature_ptr + row)
+    seed = tl.load(seed_ptr + row)
+    top_p = 1.0
+    if HAS_TOP_P:
+        top_p = tl.load(top_p_ptr + row)
+    log_min_p = float("-inf")
+    if HAS_MIN_P:
+        log_min_p = tl.log(tl.load(min_p_ptr + row))
+    kth = float("-inf")
+    if HAS_KTH:
+        kth = tl.load(kth_ptr + row)
+    noise = temperature > 0.0
+    scale = 1.0 / tl.where(noise, temperature, 1.0)
+    m = 0.0
+    z = 1.0
+    if (top_p < 1.0) | (log_min_p > float("-inf")):
+        m, z = _row_stats(row_ptr, scale, kth, vocab, BLOCK)
+    floor_x = m + log_min_p
+    pivot = float("-inf")
+    round_idx = 0
+    j = _gumbel_argmax(row_ptr, scale, kth, floor_x, pivot, seed, noise, round_idx, vocab, BLOCK)
+    if top_p < 1.0:
+        x_j = tl.load(row_ptr + j).to(tl.float32) * scale
+        rejected = _mass_above(row_ptr, scale, x_j, m, vocab, BLOCK) >= top_p * z
+        while rejected:
+            pivot = x_j
+            round_idx += 1
+            j = _gumbel_argmax(row_ptr, scale, kth, floor_x, pivot, seed, noise, round_idx, vocab, BLOCK)
+            x_j = tl.load(row_ptr + j).to(tl.float32) * scale
+            rejected = _mass_above(row_ptr, scale, x_j, m, vocab, BLOCK) >= top_p * z
+    tl.store(out_ptr + row, j.to(tl.int64))
+
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor, top_p: torch.Tensor | None = None,
+           min_p: torch.Tensor | None = None, kth: torch.Tensor | None = None, block_v: int = BLOCK_V
+           ) -> torch.Tensor:
+    """One token per row of logits [B, V] (any float dtype, unit stride along V) -> [B] int64 token ids.
+
+    Per row, float32: temperature (0 = greedy), top_p (1 = off), min_p (0 = off), kth (the k-th largest
+    logit, ties kept; -inf = off); seeds int64 (the row's Philox key). None: no row uses that filter.
+    Nothing waits for the host or makes the host wait."""
+    num_rows, vocab = logits.shape
+    assert logits.stride(1) == 1
+    out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
+    if num_rows == 0:
+        return out
+    _sample_kernel[(num_rows,)](
+        logits, logits.stride(0), temperature, _or(top_p, temperature), _or(min_p, temperature),
+        _or(kth, temperature), seeds, out, vocab=vocab, HAS_TOP_P=top_p is not None,
+        HAS_MIN_P=min_p is not None, HAS_KTH=kth is not None, BLOCK=block_v, num_warps=NUM_WARPS)
+    return out
+
+
+def _or(t: torch.Tensor | None, placeholder: torch.Tensor) -> torch.Tensor:
+    """A pointer argument the kernel never reads when its HAS_* flag is off."""
+    return placeholder if t is None else t
