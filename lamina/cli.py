@@ -1,4 +1,4 @@
-"""The `lamina` command: generate, chat, distill."""
+"""The `lamina` command: generate, chat, serve, bench, distill."""
 from __future__ import annotations
 
 import argparse
@@ -6,17 +6,21 @@ import json
 import logging
 import sys
 from pathlib import Path
-
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from lamina import DEMO_MODEL
-from lamina.cli_args import add_engine_args, add_sampling_args, engine_kwargs, sampling_params
-from lamina.outputs import RequestOutput
+from lamina import DEMO_MODEL, __version__
+from lamina.cli_args import add_engine_args, add_sampling_args, engine_kwargs, engine_summary, sampling_params
+from lamina.cli_output import format_logprobs, output_row, stream_request
 from lamina.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # the engine pulls in torch: import it only when a command runs
     from lamina.llm import LLM
+
+logger = logging.getLogger("lamina.cli")
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# A server's log is where its start-up summary belongs; the other commands print their results on stdout.
+DEFAULT_LOG_LEVEL = {"serve": "INFO"}
 
 
 def _model_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -28,22 +32,9 @@ def _model_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
 def _make_llm(args: argparse.Namespace) -> LLM:
     from lamina.llm import LLM
 
-    return LLM(model=args.model, **engine_kwargs(args))
-
-
-def _stream_one(llm: LLM, prompt: str, params: SamplingParams) -> None:
-    engine = llm.engine
-    request_id = engine.add_request(prompt, params)
-    printed = 0
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            if output.request_id != request_id:
-                continue
-            text = output.outputs[0].text
-            sys.stdout.write(text[printed:])
-            sys.stdout.flush()
-            printed = len(text)
-    sys.stdout.write("\n")
+    llm = LLM(model=args.model, **engine_kwargs(args))
+    logger.info("%s", engine_summary(llm.engine))
+    return llm
 
 
 def _read_jsonl(path: str) -> list[dict]:
@@ -63,20 +54,11 @@ def _read_jsonl(path: str) -> list[dict]:
     return rows
 
 
-def _output_row(row: dict, output: RequestOutput) -> dict:
-    samples = [{"text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason,
-                "stop_reason": c.stop_reason} for c in output.outputs]
-    result = {**row, "prompt_token_ids": output.prompt_token_ids, **samples[0]}
-    if len(samples) > 1:
-        result["samples"] = samples
-    return result
-
-
 def _batch(llm: LLM, args: argparse.Namespace, params: SamplingParams) -> None:
     rows = _read_jsonl(args.input)
     prompts = [{k: r[k] for k in ("prompt", "prompt_token_ids") if k in r} for r in rows]
     outputs = llm.generate(prompts, params, use_tqdm=True)
-    lines = [json.dumps(_output_row(r, o), ensure_ascii=False) for r, o in zip(rows, outputs)]
+    lines = [json.dumps(output_row(r, o, params.logprobs), ensure_ascii=False) for r, o in zip(rows, outputs)]
     text = "\n".join(lines) + "\n"
     if args.output:
         Path(args.output).write_text(text)
@@ -91,44 +73,33 @@ def run_generate(args: argparse.Namespace) -> int:
     llm = _make_llm(args)
     if args.input:
         _batch(llm, args, params)
-    else:
-        _stream_one(llm, args.prompt, params)
+        return 0
+    output = stream_request(llm, args.prompt, params, sys.stdout)
+    if params.logprobs is not None:  # after the text, on stderr: stdout stays the generated text
+        print(format_logprobs(output.outputs[0], params.logprobs), file=sys.stderr)
     return 0
-
-
-def _user_lines() -> Iterator[str]:
-    if not sys.stdin.isatty():
-        yield from sys.stdin
-        return
-    while True:
-        try:
-            yield input("> ")
-        except EOFError:
-            return
 
 
 def run_chat(args: argparse.Namespace) -> int:
+    from lamina.cli_chat import chat_loop
+
     params = sampling_params(args)
-    llm = _make_llm(args)
-    tokenizer = llm.get_tokenizer()
-    messages: list[dict] = []
-    if args.system:
-        messages.append({"role": "system", "content": args.system})
-    for line in _user_lines():
-        if not line.strip():
-            continue
-        messages.append({"role": "user", "content": line.strip()})
-        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        ids = tokenizer.encode(prompt, add_special_tokens=False)
-        reply = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0].outputs[0].text
-        print(reply, flush=True)
-        messages.append({"role": "assistant", "content": reply})
-    return 0
+    return chat_loop(_make_llm(args), params, args.system)
+
+
+def _log_level(text: str) -> str:
+    level = text.upper()
+    if level not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(LOG_LEVELS)}, got {text!r}")
+    return level
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lamina", description="lamina: a small, readable LLM inference engine")
-    parser.add_argument("--log-level", default="WARNING", help="logging level (default: WARNING)")
+    parser.add_argument("--version", action="version", version=f"lamina {__version__}")
+    parser.add_argument("--log-level", type=_log_level, default=None, metavar="LEVEL",
+                        help="DEBUG, INFO, WARNING, ERROR (default: INFO for serve, WARNING otherwise); "
+                             "also accepted after the subcommand")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text (streams one prompt; --input runs a JSONL batch)")
     gen.add_argument("prompt", nargs="?", help="the prompt text")
@@ -136,11 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--output", help="where to write the JSONL results (default: stdout)")
     _model_args(gen, max_tokens=128)
     gen.set_defaults(func=run_generate)
-    chat = sub.add_parser("chat", help="chat with a model through its chat template (reads lines from stdin)")
+    chat = sub.add_parser("chat", help="chat with a model through its chat template (reads lines from stdin; "
+                                       "replies stream; the oldest turns are dropped when the context is full)")
     chat.add_argument("--system", help="a system message")
     _model_args(chat, max_tokens=256)
     chat.set_defaults(func=run_chat)
     _register_optional(sub)
+    _accept_after_subcommands(sub, "--log-level", type=_log_level, metavar="LEVEL",
+                              help="logging level (also accepted before the subcommand)")
     return parser
 
 
@@ -154,9 +128,21 @@ def _register_optional(sub: argparse._SubParsersAction) -> None:
     register_distill(sub)
 
 
+def _accept_after_subcommands(sub: argparse._SubParsersAction, flag: str, **kwargs: object) -> None:
+    """Add `flag` to every subcommand, nested ones too. Its default is SUPPRESS, so a subcommand that was
+    not given the flag leaves the value parsed before the subcommand alone."""
+    for parser in set(sub.choices.values()):
+        if flag not in parser._option_string_actions:
+            parser.add_argument(flag, default=argparse.SUPPRESS, **kwargs)
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _accept_after_subcommands(action, flag, **kwargs)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    level = args.log_level or DEFAULT_LOG_LEVEL.get(args.command, "WARNING")
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as err:

@@ -3,13 +3,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lamina.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from lamina.sampling_params import SamplingParams
 
+if TYPE_CHECKING:  # the engine pulls in torch
+    from lamina.engine.engine import LLMEngine
+
 _ENGINE_CONFIGS = (ModelConfig, CacheConfig, SchedulerConfig, EngineConfig)
 _NESTED = {"model_config", "cache_config", "scheduler_config"}
-_SKIPPED = {"model", "stop_list", "n"}
+# output_kind: the commands pick how they read outputs (they stream text themselves); not a user setting.
+_SKIPPED = {"model", "stop_list", "n", "output_kind"}
 
 
 # SamplingParams fields whose flag would clash with an engine flag.
@@ -104,4 +110,34 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(**{name: getattr(args, _SAMPLING_RENAMES.get(name, name)) for name in names})
 
 
-__all__ = ["add_engine_args", "add_sampling_args", "engine_kwargs", "sampling_params"]
+def _effective(engine: LLMEngine, name: str) -> object:
+    """A scheduler setting as the engine runs it: the scheduler's own config first (where defaults that
+    depend on the device are resolved), then the engine config; "auto" if neither holds a value."""
+    scheduler = getattr(engine, "scheduler", None)
+    for config in (getattr(scheduler, "config", None), getattr(engine.config, "scheduler_config", None)):
+        value = getattr(config, name, None)
+        if value is not None:
+            return value
+    return "auto"
+
+
+def engine_summary(engine: LLMEngine) -> str:
+    """One line for the start-up log: what runs where, and the settings a user did not have to type.
+
+        model demo-model (/path): float32 on cpu, max_model_len 1024, KV cache 65,520 tokens (4,096 blocks
+        of 16), max_num_seqs 128, max_num_batched_tokens 2048, prefix caching on
+    """
+    model = engine.config.model_config.model
+    worker, cache = getattr(engine, "worker", None), engine.config.cache_config
+    dtype = str(getattr(worker, "dtype", "?")).removeprefix("torch.")
+    blocks, tokens = getattr(worker, "num_blocks", None), getattr(worker, "kv_capacity_tokens", None)
+    kv = "KV cache ?"
+    if blocks is not None and tokens is not None:
+        kv = f"KV cache {tokens:,} tokens ({blocks:,} blocks of {cache.block_size})"
+    return (f"model {Path(model).name} ({model}): {dtype} on {getattr(worker, 'device', '?')}, max_model_len "
+            f"{engine.max_model_len}, {kv}, max_num_seqs {_effective(engine, 'max_num_seqs')}, "
+            f"max_num_batched_tokens {_effective(engine, 'max_num_batched_tokens')}, "
+            f"prefix caching {'on' if cache.enable_prefix_caching else 'off'}")
+
+
+__all__ = ["add_engine_args", "add_sampling_args", "engine_kwargs", "engine_summary", "sampling_params"]

@@ -1,18 +1,22 @@
-"""`lamina serve`: the OpenAI-compatible HTTP server.
+"""`lamina serve [MODEL]`: the OpenAI-compatible HTTP server.
 
 Wired into the `lamina` command with:
 
     from lamina.server.cli import register as register_serve
     register_serve(subparsers)
+
+The port is bound before the model loads (a busy port fails at once, not minutes later) and the bound
+socket is handed to uvicorn.
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import socket
 
 from lamina import DEMO_MODEL
-from lamina.cli_args import add_engine_args, engine_kwargs
+from lamina.cli_args import add_engine_args, engine_kwargs, engine_summary
 from lamina.server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
@@ -21,7 +25,10 @@ logger = logging.getLogger(__name__)
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `serve` subcommand."""
     parser = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
-    parser.add_argument("--model", default=DEMO_MODEL, help="a local HF model directory (default: the demo model)")
+    parser.add_argument("model_tag", nargs="?", metavar="MODEL",
+                        help="a local HF model directory, as in `vllm serve MODEL` (or --model; default: the demo "
+                             "model)")
+    parser.add_argument("--model", default=None, help="a local HF model directory (default: the demo model)")
     add_engine_args(parser)
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
@@ -39,28 +46,69 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+def resolve_model(args: argparse.Namespace) -> str:
+    """The model directory: the positional MODEL or --model (the same one if both are given), else the demo."""
+    tag, flag = args.model_tag, args.model
+    if tag and flag and os.path.normpath(tag) != os.path.normpath(flag):
+        raise ValueError(f"model: given twice, as MODEL {tag!r} and --model {flag!r}; give one")
+    return tag or flag or DEMO_MODEL
+
+
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
-    name = args.served_model_name or os.path.basename(os.path.normpath(args.model))
+    model = resolve_model(args)
+    name = args.served_model_name or os.path.basename(os.path.normpath(model))
     return ServerSettings(served_model_name=name, host=args.host, port=args.port, api_key=args.api_key,
                           max_queue=None if args.max_queue == -1 else args.max_queue, max_n=args.max_n,
-                          max_body_bytes=args.max_body_bytes, model_root=args.model)
+                          max_body_bytes=args.max_body_bytes, model_root=model)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port (uvicorn listens on it); a ValueError naming the flag when it cannot be."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as err:
+        raise ValueError(f"--host: cannot resolve {host!r} ({err.strerror})") from err
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is no obstacle
+    try:
+        sock.bind(address)
+    except OSError as err:
+        sock.close()
+        raise ValueError(f"--port: cannot listen on {host}:{port} ({err.strerror}); another server may be "
+                         "running there: stop it or pick another --port") from err
+    sock.set_inheritable(True)
+    return sock
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load the model, start the engine thread and serve until interrupted."""
-    import uvicorn
-
+    """Bind the port, load the model, start the engine thread and serve until interrupted."""
     from lamina.engine.async_engine import AsyncEngine
     from lamina.llm import LLM
     from lamina.server.app import build_app
 
     settings = settings_from_args(args)  # validate the server flags before loading the model
-    engine = AsyncEngine(LLM(model=args.model, **engine_kwargs(args)).engine)
+    sock = bind_socket(settings.host, settings.port)
     try:
-        app = build_app(engine, settings)
-        logger.info("serving %s on http://%s:%d", settings.served_model_name, settings.host, settings.port)
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.uvicorn_log_level,
-                    timeout_graceful_shutdown=5)
+        llm_engine = LLM(model=settings.model_root, **engine_kwargs(args)).engine
+        logger.info("%s", engine_summary(llm_engine))
+        engine = AsyncEngine(llm_engine)
+        try:
+            _serve(build_app(engine, settings), settings, sock, args.uvicorn_log_level)
+        finally:
+            engine.shutdown()
     finally:
-        engine.shutdown()
+        sock.close()
     return 0
+
+
+def _serve(app: object, settings: ServerSettings, sock: socket.socket, log_level: str) -> None:
+    import uvicorn
+
+    host, port = settings.host, sock.getsockname()[1]
+    logger.info("serving %s on http://%s:%d", settings.served_model_name, host, port)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises the signal it handled after its graceful shutdown
+        pass

@@ -1,0 +1,100 @@
+"""What `lamina generate` and `lamina chat` print: streamed text, JSONL rows, logprobs.
+
+    stream_request(llm, prompt, params)   text to stdout as it is generated; returns the final output
+    output_row(row, output, logprobs)     one JSONL result line (with a `logprobs` list when asked)
+    format_logprobs(completion, top)      a table, one line per generated token, for the terminal
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, TextIO
+
+from lamina.outputs import CompletionOutput, Logprob, RequestOutput
+from lamina.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # the engine pulls in torch: import it only when a command runs
+    from lamina.engine.input_processor import PromptType
+    from lamina.llm import LLM
+
+
+def stream_request(llm: LLM, prompt: PromptType, params: SamplingParams, out: TextIO) -> RequestOutput:
+    """Run one request, writing its first sample's new text to `out` after every step, then a newline."""
+    engine = llm.engine
+    request_id = engine.add_request(prompt, params)
+    printed, final = 0, None
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.request_id != request_id:
+                continue
+            text = output.outputs[0].text
+            out.write(text[printed:])
+            out.flush()
+            printed, final = len(text), output
+    out.write("\n")
+    out.flush()
+    return final
+
+
+def _finite(value: float) -> float | None:
+    """A logprob JSON can carry: -inf becomes None (JSON has no infinity)."""
+    return value if math.isfinite(value) else None
+
+
+def _token(token_id: int, logprob: Logprob) -> dict:
+    return {"token": logprob.decoded_token, "token_id": token_id, "logprob": _finite(logprob.logprob)}
+
+
+def _top(entry: dict[int, Logprob], num_top: int) -> list[tuple[int, Logprob]]:
+    """The num_top most likely tokens of one position, best first (the sampled one may be outside them)."""
+    return sorted(entry.items(), key=lambda item: item[1].rank)[:num_top]
+
+
+def logprobs_json(completion: CompletionOutput, num_top: int) -> list[dict]:
+    """Per generated token: the token, its id and logprob, and the top `num_top` alternatives."""
+    rows = []
+    for token_id, entry in zip(completion.token_ids, completion.logprobs or []):
+        row = _token(token_id, entry[token_id]) if token_id in entry else {"token": None, "token_id": token_id,
+                                                                          "logprob": None}
+        row["top_logprobs"] = [_token(tid, lp) for tid, lp in _top(entry, num_top)]
+        rows.append(row)
+    return rows
+
+
+def _sample_json(completion: CompletionOutput, num_top: int | None) -> dict:
+    sample = {"text": completion.text, "token_ids": completion.token_ids, "finish_reason": completion.finish_reason,
+              "stop_reason": completion.stop_reason}
+    if num_top is not None:
+        sample["logprobs"] = logprobs_json(completion, num_top)
+    return sample
+
+
+def output_row(row: dict, output: RequestOutput, num_top: int | None) -> dict:
+    """The input row plus the result: text, token ids, finish reason (and logprobs when `num_top` is set);
+    every sample under `samples` when there are several."""
+    samples = [_sample_json(c, num_top) for c in output.outputs]
+    result = {**row, "prompt_token_ids": output.prompt_token_ids, **samples[0]}
+    if len(samples) > 1:
+        result["samples"] = samples
+    return result
+
+
+def format_logprobs(completion: CompletionOutput, num_top: int) -> str:
+    """A table for the terminal: each generated token, its logprob and the top alternatives.
+
+         #  token           logprob  top 2
+         0  'def'            -0.031  'def' -0.031  'class' -3.770
+    """
+    width = max([len(repr(_text(lp, tid))) for e in completion.logprobs or [] for tid, lp in e.items()] + [5])
+    lines = [f"{'#':>4}  {'token':<{width}}  {'logprob':>8}  top {num_top}"]
+    for index, (token_id, entry) in enumerate(zip(completion.token_ids, completion.logprobs or [])):
+        chosen = entry.get(token_id)
+        logprob = f"{chosen.logprob:8.3f}" if chosen is not None else f"{'?':>8}"
+        top = "  ".join(f"{_text(lp, tid)!r} {lp.logprob:.3f}" for tid, lp in _top(entry, num_top))
+        lines.append(f"{index:>4}  {_text(chosen, token_id)!r:<{width}}  {logprob}  {top}".rstrip())
+    return "\n".join(lines)
+
+
+def _text(logprob: Logprob | None, token_id: int) -> str:
+    if logprob is not None and logprob.decoded_token is not None:
+        return logprob.decoded_token
+    return f"<id {token_id}>"
