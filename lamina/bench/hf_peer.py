@@ -37,15 +37,20 @@ def run_hf(config_path: Path, args: argparse.Namespace) -> dict[str, Any]:
     return dict(name=f"hf transformers {transformers.__version__}", **row)
 
 
-def _cb_results(manager: Any, ids: list[str]) -> int:
+def _cb_results(manager: Any, ids: list[str], desc: str | None = None) -> int:
+    """Wait for every request of `ids`; their generated tokens. With `desc`, a progress bar of requests."""
+    from tqdm.auto import tqdm
+
     tokens, pending = 0, set(ids)
-    while pending:
-        result = manager.get_result(timeout=1)
-        if result is not None and result.request_id in pending:
-            if result.error:
-                raise RuntimeError(f"HF continuous batching: {result.error}")
-            pending.discard(result.request_id)
-            tokens += len(result.generated_tokens)
+    with tqdm(total=len(ids), desc=desc, unit="req", disable=desc is None) as bar:
+        while pending:
+            result = manager.get_result(timeout=1)
+            if result is not None and result.request_id in pending:
+                if result.error:
+                    raise RuntimeError(f"HF continuous batching: {result.error}")
+                pending.discard(result.request_id)
+                tokens += len(result.generated_tokens)
+                bar.update(1)
     return tokens
 
 
@@ -62,7 +67,7 @@ def run_hf_w1(model: torch.nn.Module, args: argparse.Namespace) -> dict[str, Any
         start = time.perf_counter()
         ids = [manager.add_request(p, request_id=f"r{i}", max_new_tokens=n)
                for i, (p, n) in enumerate(zip(prompts, outputs))]
-        tokens = _cb_results(manager, ids)
+        tokens = _cb_results(manager, ids, desc="HF W1")
         seconds = time.perf_counter() - start
     finally:
         manager.stop(block=True)
