@@ -7,13 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from lamina.outputs import CompletionOutput, RequestOutput
-from lamina.sampling_params import SamplingParams
+from lamina.sampling_params import RequestOutputKind, SamplingParams
 
 _ASSETS = Path(__file__).resolve().parent / "assets"
 DEMO_MODEL = str(_ASSETS / "demo-model")
 DEMO_DRAFT = str(_ASSETS / "demo-draft")
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "DEMO_MODEL", "DEMO_DRAFT"]
+__all__ = ["LLM", "SamplingParams", "RequestOutputKind", "RequestOutput", "CompletionOutput", "DEMO_MODEL",
+           "DEMO_DRAFT"]
 __version__ = "0.1.0"
 
 

@@ -11,7 +11,7 @@ from lamina.engine.engine import LLMEngine
 from lamina.engine.input_processor import PromptType
 from lamina.loader.tokenizer import Tokenizer
 from lamina.outputs import RequestOutput
-from lamina.sampling_params import SamplingParams
+from lamina.sampling_params import RequestOutputKind, SamplingParams
 
 Messages = list[dict]
 
@@ -76,21 +76,27 @@ class LLM:
     @staticmethod
     def _params_for(prompts: list, params: SamplingParams | Sequence[SamplingParams] | None,
                     ) -> list[SamplingParams]:
+        """One SamplingParams per prompt, asking for FINAL_ONLY: only final outputs are read, so the
+        engine builds no per-step ones. Copies: whatever output_kind the caller's objects say, they stay."""
         if params is None:
-            return [SamplingParams() for _ in prompts]
+            params = SamplingParams()
         if isinstance(params, SamplingParams):
-            return [params] * len(prompts)
+            return [params.with_output_kind(RequestOutputKind.FINAL_ONLY)] * len(prompts)
         params = list(params)
         if len(params) != len(prompts):
             raise ValueError(f"sampling_params: got {len(params)} for {len(prompts)} prompts; pass one, "
                              "or one per prompt")
-        return params
+        copies: dict[int, SamplingParams] = {}  # one copy per distinct object, however often it is repeated
+        for p in params:
+            if id(p) not in copies:
+                copies[id(p)] = p.with_output_kind(RequestOutputKind.FINAL_ONLY)
+        return [copies[id(p)] for p in params]
 
     def _add_all(self, prompts: list[PromptType], params: list[SamplingParams]) -> list[str]:
         added: list[str] = []
         try:
             for prompt, p in zip(prompts, params):
-                added.append(self.engine.add_request(prompt, p, stream=False))
+                added.append(self.engine.add_request(prompt, p))
         except ValueError as err:
             for request_id in added:  # all or nothing: no half-run batch
                 self.engine.abort_request(request_id)

@@ -1,9 +1,24 @@
 """SamplingParams: how to pick each next token and when to stop (vLLM's names and defaults)."""
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 _GREEDY_EPS = 1e-5
+
+
+class RequestOutputKind(enum.Enum):
+    """What each RequestOutput of a request carries (vLLM's kinds).
+
+    CUMULATIVE: all text, token ids and logprobs so far, in every output (O(n) per output).
+    DELTA: only what is new since the request's previous output, the final one included; streaming
+        clients concatenate. Linear in the output length: what a server streams.
+    FINAL_ONLY: one output, complete, when the request finishes (LLM.generate, non-streaming requests).
+    """
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 def _check(ok: bool, name: str, allowed: str, value: object) -> None:
@@ -44,6 +59,7 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     stop_list: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -68,6 +84,8 @@ class SamplingParams:
         _check(self.seed is None or _is_int(self.seed), "seed", "an integer or None", self.seed)
         _check(self.logprobs is None or (_is_int(self.logprobs) and self.logprobs >= 0), "logprobs",
                "an integer >= 0 or None", self.logprobs)
+        _check(isinstance(self.output_kind, RequestOutputKind), "output_kind",
+               "a RequestOutputKind (" + ", ".join(k.name for k in RequestOutputKind) + ")", self.output_kind)
 
     def _validate_stopping(self) -> None:
         _check(self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1),
@@ -98,6 +116,13 @@ class SamplingParams:
         """Parameters of parallel sample `index` of an n > 1 request: n=1, seed offset by the index."""
         seed = None if self.seed is None else self.seed + index
         return SamplingParams(**{**self._init_fields(), "n": 1, "seed": seed})
+
+    def with_output_kind(self, kind: RequestOutputKind) -> SamplingParams:
+        """These parameters asking for `kind`: a copy unless they already do (a caller's object is never
+        mutated: LLM.generate and the server pick the kind they need without touching the user's)."""
+        if kind is self.output_kind:
+            return self
+        return SamplingParams(**{**self._init_fields(), "output_kind": kind})
 
     def _init_fields(self) -> dict:
         names = [f for f in self.__dataclass_fields__ if self.__dataclass_fields__[f].init]

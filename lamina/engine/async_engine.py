@@ -32,7 +32,7 @@ from lamina.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-# Called on the engine thread with the final output of every request (finished, stopped or aborted).
+# Called on the engine thread with the whole final output of every request (finished or aborted), any kind.
 FinishedHook = Callable[[RequestOutput], None]
 
 
@@ -41,7 +41,7 @@ class EngineDeadError(RuntimeError):
 
 
 class RequestStream:
-    """Async iterator over one request's RequestOutputs (cumulative); ends after the finished one.
+    """Async iterator over one request's RequestOutputs (in its output_kind); ends after the finished one.
 
     close() aborts the request if it has not finished (a client that went away).
     """
@@ -126,6 +126,8 @@ class AsyncEngine:
         self._streams: dict[str, RequestStream] = {}  # engine thread only
         self._stats = dataclasses.replace(engine.get_stats())
         self._num_inflight_seqs = 0  # event-loop side: sequences submitted and not yet finished
+        # Called as requests finish by the output processor: only it can build a DELTA request's whole output.
+        engine.output_processor.on_finished = self._notify_finished
         self._thread = threading.Thread(target=self._run, name="lamina-engine", daemon=True)
         self._thread.start()
 
@@ -157,7 +159,7 @@ class AsyncEngine:
 
     async def generate(self, prompt: PromptType, params: SamplingParams | None,
                        request_id: str) -> AsyncIterator[RequestOutput]:
-        """Yield cumulative RequestOutputs until the request finishes.
+        """Yield RequestOutputs, in the kind params.output_kind asks for, until the request finishes.
 
         Validation errors raise ValueError before anything is queued; if the consumer stops early
         (cancelled, closed: a client disconnect) the request is aborted and its KV blocks freed.
@@ -267,7 +269,6 @@ class AsyncEngine:
             stream = self._streams.get(output.request_id)
             if output.finished:
                 self._streams.pop(output.request_id, None)
-                self._notify_finished(output)
             if stream is not None:
                 stream.put(output)
 

@@ -14,6 +14,13 @@ UTF-8 character, so nothing is emitted and the offsets stay until the character 
 Stop strings are searched only in the newly produced text plus (longest stop - 1) chars before it, so a
 stop string spanning two tokens is found. get_delta() holds back that many trailing chars, since they may
 still be cut by a stop string, until the request is finished.
+
+The text is kept as pieces, so that streaming a request costs time linear in its length (a growing str
+would be copied whole on every token):
+
+    output_text = "".join(stable) + tail
+    stable: pieces no stop string can cut any more (what visible_text shows while running)
+    tail:   the last (longest stop - 1) chars, plus the text of the token being taken
 """
 from __future__ import annotations
 
@@ -45,11 +52,17 @@ class IncrementalDetokenizer:
         self._read_offset = len(self._ids)
         self._prefix_offset = max(self._read_offset - _INITIAL_CONTEXT_TOKENS, 0)
         self._stop_lookback = max((len(s) for s in self.stop), default=1) - 1
-        self._num_emitted_chars = 0
+        self._stable: list[str] = []
+        self._tail = ""
+        self._num_emitted_pieces = 0  # get_delta(): pieces of _stable already returned
         self._token_text_cache: dict[int, str] = {}
-        self.output_text = ""
         self.finished = False
         self.stop_reason: str | None = None
+
+    @property
+    def output_text(self) -> str:
+        """All text so far (stop string cut). Joins every piece: O(length), for whole-text readers."""
+        return "".join(self._stable) + self._tail
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -70,9 +83,7 @@ class IncrementalDetokenizer:
             raise RuntimeError("IncrementalDetokenizer.update() called after the request finished")
         for token_id in new_token_ids:
             self._ids.append(token_id)
-            start = len(self.output_text)
-            self.output_text += self._decode_next(flush=False)
-            if self._check_stop(start):
+            if self._take(self._decode_next(flush=False)):
                 return self.stop_reason
         return None
 
@@ -84,9 +95,7 @@ class IncrementalDetokenizer:
         """
         if self.finished:
             return None
-        start = len(self.output_text)
-        self.output_text += self._decode_next(flush=True)
-        self._check_stop(start)
+        self._take(self._decode_next(flush=True))
         self.finished = True
         return self.stop_reason
 
@@ -95,15 +104,16 @@ class IncrementalDetokenizer:
         """output_text without the tail a stop string may still cut (all of it once finished)."""
         if self.finished:
             return self.output_text
-        return self.output_text[:max(0, len(self.output_text) - self._stop_lookback)]
+        return "".join(self._stable)
 
-    def get_delta(self) -> str:
-        """Text added since the last call, for streaming; never text that a stop string may still cut."""
-        visible = self.visible_text
-        if len(visible) <= self._num_emitted_chars:
-            return ""
-        delta = visible[self._num_emitted_chars:]
-        self._num_emitted_chars = len(visible)
+    def get_delta(self, final: bool = False) -> str:
+        """Text added since the last call, for streaming; never text that a stop string may still cut,
+        unless the detokenizer finished or `final` says the request is over (an abort: nothing follows).
+        Costs the length of the delta, not of the text."""
+        if self.finished or final:
+            self._stabilize(keep=0)
+        delta = "".join(self._stable[self._num_emitted_pieces:])
+        self._num_emitted_pieces = len(self._stable)
         return delta
 
     def decode_token(self, token_id: int) -> str:
@@ -126,16 +136,33 @@ class IncrementalDetokenizer:
         self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
         return new_text[len(prefix_text):]
 
-    def _check_stop(self, start: int) -> bool:
-        """Find the earliest stop string in output_text[start - lookback:]; cut the text there if found."""
-        if not self.stop or len(self.output_text) == start:
+    def _take(self, new_text: str) -> bool:
+        """Append one token's text, cut it at a stop string if one completed; True on a stop."""
+        if not new_text:
             return False
-        search_from = max(start - self._stop_lookback, 0)
-        hits = [(i, s) for s in self.stop if (i := self.output_text.find(s, search_from)) != -1]
+        self._tail += new_text
+        if self._check_stop():
+            return True
+        self._stabilize(keep=self._stop_lookback)
+        return False
+
+    def _stabilize(self, keep: int) -> None:
+        """Move all but the last `keep` chars of the tail into the stable pieces."""
+        cut = len(self._tail) - keep
+        if cut > 0:
+            self._stable.append(self._tail[:cut])
+            self._tail = self._tail[cut:]
+
+    def _check_stop(self) -> bool:
+        """Find the earliest stop string in the tail (the new text and the look-back before it); cut
+        the text there if found."""
+        if not self.stop:
+            return False
+        hits = [(i, s) for s in self.stop if (i := self._tail.find(s)) != -1]
         if not hits:
             return False
         index, stop = min(hits, key=lambda hit: (hit[0], -len(hit[1])))
-        self.output_text = self.output_text[:index + len(stop) if self.include_stop_str_in_output else index]
+        self._tail = self._tail[:index + len(stop) if self.include_stop_str_in_output else index]
         self.stop_reason = stop
         self.finished = True
         return True

@@ -3,7 +3,7 @@
     add_request -> InputProcessor -> Scheduler.schedule -> Worker.launch (a PendingStep)
                 -> [async_scheduling: Scheduler.schedule_ahead -> Worker.launch of the next step]
                 -> PendingStep.result -> Scheduler.update_from_output -> OutputProcessor (detokenize,
-                   stop strings)
+                   stop strings, outputs in each request's output_kind)
 
 With async scheduling the step launched ahead is the next call's step: its device work overlaps this
 call's host work (reading tokens, stop checks, detokenizing, building outputs).
@@ -68,11 +68,11 @@ class LLMEngine:
         return frozenset(eos if isinstance(eos, list) else [eos])
 
     def add_request(self, prompt: PromptType, params: SamplingParams | None = None,
-                    request_id: str | None = None, arrival_time: float | None = None, stream: bool = True) -> str:
-        """Validate and queue one request (n samples); returns its id. `stream` False: step() returns
-        its output only once, when it finishes (offline batches need no per-step outputs)."""
+                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+        """Validate and queue one request (n samples); returns its id. step() returns its outputs in the
+        kind `params.output_kind` asks for: CUMULATIVE, DELTA (streaming) or FINAL_ONLY (one, at the end)."""
         request_id = request_id if request_id is not None else str(next(self._ids))
-        self.add_processed(request_id, self.process_inputs(prompt, params, request_id, arrival_time), stream)
+        self.add_processed(request_id, self.process_inputs(prompt, params, request_id, arrival_time))
         return request_id
 
     def process_inputs(self, prompt: PromptType, params: SamplingParams | None, request_id: str,
@@ -81,11 +81,11 @@ class LLMEngine:
         params = params if params is not None else SamplingParams()
         return self.input_processor.make_requests(request_id, prompt, params, arrival_time)
 
-    def add_processed(self, request_id: str, requests: list[Request], stream: bool = True) -> None:
+    def add_processed(self, request_id: str, requests: list[Request]) -> None:
         """Queue the samples made by process_inputs (on the thread that runs step())."""
         if self.output_processor.sample_ids(request_id):
             raise ValueError(f"request_id: {request_id!r} is already in use")
-        self.output_processor.add_group(request_id, requests, stream)
+        self.output_processor.add_group(request_id, requests)
         for request in requests:
             self.scheduler.add_request(request)
 

@@ -1,5 +1,14 @@
-"""Detokenize new tokens, find stop strings, and build RequestOutputs (one per user request,
-gathering its n parallel samples)."""
+"""Detokenize new tokens, find stop strings, and build RequestOutputs (one per user request, gathering its
+n parallel samples) in the kind its SamplingParams.output_kind asks for:
+
+    CUMULATIVE   every step: all text, token ids and logprobs so far, every sample    O(n) per output
+    DELTA        every step: only what is new since the last output, and only the     O(new) per output
+                 samples that have news (a sample's finish_reason comes once, with its last delta)
+    FINAL_ONLY   one complete output when every sample has finished
+
+A streamed request of n tokens costs O(n) in all as DELTA, O(n^2) as CUMULATIVE (each output copies
+everything so far); so streaming servers ask for DELTA.
+"""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -9,25 +18,36 @@ from lamina.engine.detokenizer import IncrementalDetokenizer
 from lamina.engine.request import Request
 from lamina.loader.tokenizer import Tokenizer
 from lamina.outputs import CompletionOutput, RequestOutput
+from lamina.sampling_params import RequestOutputKind
 
 # Called when the detokenizer finds a stop string in a request's text.
 StopCallback = Callable[[Request, str], None]
+# Called with the complete final output (as FINAL_ONLY would give it) of every request that finishes.
+FinishedCallback = Callable[[RequestOutput], None]
 
 
 @dataclass
 class _Sample:
     request: Request
     detokenizer: IncrementalDetokenizer | None
-    num_seen_tokens: int = 0
+    num_seen_tokens: int = 0  # tokens detokenized
+    num_sent_tokens: int = 0  # DELTA: tokens already carried by an output
+    finish_sent: bool = False  # DELTA: its finish_reason went out; it is in no later output
+
+    @property
+    def has_news(self) -> bool:
+        """DELTA: new tokens, or a finish not yet reported (text only ever comes with one of those)."""
+        request = self.request
+        return self.num_sent_tokens < request.num_output_tokens or (request.is_finished and not self.finish_sent)
 
 
 class _Group:
-    """One user request: its samples in index order; `stream` False: an output only when it finishes."""
+    """One user request: its samples in index order, and the kind of output it asked for."""
 
-    def __init__(self, request_id: str, samples: list[_Sample], stream: bool) -> None:
+    def __init__(self, request_id: str, samples: list[_Sample]) -> None:
         self.request_id = request_id
         self.samples = samples
-        self.stream = stream
+        self.kind = samples[0].request.sampling_params.output_kind
 
     @property
     def finished(self) -> bool:
@@ -39,12 +59,13 @@ class _Group:
 class OutputProcessor:
     def __init__(self, tokenizer: Tokenizer | None) -> None:
         self.tokenizer = tokenizer
+        self.on_finished: FinishedCallback | None = None
         self._groups: dict[str, _Group] = {}
         self._group_of: dict[str, _Group] = {}
 
-    def add_group(self, request_id: str, requests: list[Request], stream: bool = True) -> None:
+    def add_group(self, request_id: str, requests: list[Request]) -> None:
         samples = [_Sample(r, self._make_detokenizer(r)) for r in requests]
-        group = _Group(request_id, samples, stream)
+        group = _Group(request_id, samples)
         self._groups[request_id] = group
         for request in requests:
             self._group_of[request.request_id] = group
@@ -61,8 +82,8 @@ class OutputProcessor:
                                       params.stop_list, params.include_stop_str_in_output)
 
     def process(self, requests: list[Request], on_stop: StopCallback) -> list[RequestOutput]:
-        """Detokenize the new tokens of `requests` (changed this step) and return the outputs of
-        their groups (of streaming groups, and of groups that finished); finished groups are forgotten."""
+        """Detokenize the new tokens of `requests` (changed this step) and return their groups' outputs
+        (each in its kind; FINAL_ONLY groups only once finished); finished groups are forgotten."""
         touched: dict[str, _Group] = {}
         for request in requests:
             group = self._group_of.get(request.request_id)
@@ -70,10 +91,12 @@ class OutputProcessor:
                 continue
             self._detokenize(group.samples[request.sample_index], on_stop)
             touched[group.request_id] = group
-        outputs = [self._make_output(g) for g in touched.values() if g.stream or g.finished]
+        outputs: list[RequestOutput] = []
         for group in touched.values():
+            if group.kind is not RequestOutputKind.FINAL_ONLY or group.finished:
+                outputs.append(self._make_output(group))
             if group.finished:
-                self._forget(group)
+                self._finish(group, outputs[-1])
         return outputs
 
     def _detokenize(self, sample: _Sample, on_stop: StopCallback) -> None:
@@ -94,39 +117,57 @@ class OutputProcessor:
         if stop is not None:
             on_stop(request, stop)
 
-    def _make_output(self, group: _Group) -> RequestOutput:
+    def _make_output(self, group: _Group, kind: RequestOutputKind | None = None) -> RequestOutput:
+        kind = group.kind if kind is None else kind
+        if kind is RequestOutputKind.DELTA:
+            completions = [self._delta(s) for s in group.samples if s.has_news]
+        else:
+            completions = [self._cumulative(s) for s in group.samples]
         first = group.samples[0].request
         return RequestOutput(
             request_id=group.request_id, prompt=first.prompt, prompt_token_ids=first.prompt_token_ids,
-            outputs=[self._completion(s) for s in group.samples], finished=group.finished,
-            metrics=first.metrics, num_cached_tokens=first.metrics.num_cached_tokens)
+            outputs=completions, finished=group.finished, metrics=first.metrics,
+            num_cached_tokens=first.metrics.num_cached_tokens)
 
-    def _completion(self, sample: _Sample) -> CompletionOutput:
-        request = sample.request
+    @staticmethod
+    def _cumulative(sample: _Sample) -> CompletionOutput:
+        """Everything so far: while running, the text no stop string can still cut (visible_text)."""
+        request, detok = sample.request, sample.detokenizer
+        text = "" if detok is None else detok.output_text if request.is_finished else detok.visible_text
         return CompletionOutput(
-            index=request.sample_index, text=self._visible_text(sample),
-            token_ids=list(request.output_token_ids),
+            index=request.sample_index, text=text, token_ids=list(request.output_token_ids),
             cumulative_logprob=request.cumulative_logprob if request.logprobs is not None else None,
             logprobs=list(request.logprobs) if request.logprobs is not None else None,
             finish_reason=request.finish_reason, stop_reason=request.stop_reason)
 
     @staticmethod
-    def _visible_text(sample: _Sample) -> str:
-        """All text once the request finished; while running, what no stop string can still cut."""
-        detok = sample.detokenizer
-        if detok is None:
-            return ""
-        return detok.output_text if sample.request.is_finished else detok.visible_text
+    def _delta(sample: _Sample) -> CompletionOutput:
+        """What is new since this sample's previous output; concatenated, the deltas are _cumulative."""
+        request, detok = sample.request, sample.detokenizer
+        start = sample.num_sent_tokens
+        sample.num_sent_tokens, sample.finish_sent = request.num_output_tokens, request.is_finished
+        text = "" if detok is None else detok.get_delta(final=request.is_finished)
+        return CompletionOutput(
+            index=request.sample_index, text=text, token_ids=request.output_token_ids[start:],
+            cumulative_logprob=request.cumulative_logprob if request.logprobs is not None else None,
+            logprobs=request.logprobs[start:] if request.logprobs is not None else None,
+            finish_reason=request.finish_reason, stop_reason=request.stop_reason)
 
     def abort(self, request_id: str) -> RequestOutput | None:
+        """The last output of an aborted request (in its kind), or None if it is unknown."""
         group = self._groups.get(request_id)
         if group is None:
             return None
         output = self._make_output(group)
-        self._forget(group)
+        self._finish(group, output)
         return output
 
-    def _forget(self, group: _Group) -> None:
+    def _finish(self, group: _Group, last: RequestOutput) -> None:
+        """Report the complete final output and forget the group. Only a DELTA group needs it built
+        (once, O(n): streaming stays linear)."""
+        if self.on_finished is not None:
+            complete = last.finished and group.kind is not RequestOutputKind.DELTA
+            self.on_finished(last if complete else self._make_output(group, RequestOutputKind.FINAL_ONLY))
         self._groups.pop(group.request_id, None)
         for sample in group.samples:
             self._group_of.pop(sample.request.request_id, None)

@@ -15,7 +15,7 @@ from lamina.server.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionC
                                     ChatCompletionResponse, ChatLogprobs, ChatResponseMessage, ChatTokenLogprob,
                                     DeltaMessage, TopLogprob, dump)
 from lamina.server.serving import (SSE_DONE, ChoiceCursor, OpenAIServing, Submitted, finite, merge, sse,
-                                   sse_error, token_text, top_entries, usage_of)
+                                   sse_error, stream_usage, token_text, top_entries, usage_of)
 
 FIELDS = frozenset(ChatCompletionRequest.model_fields)
 
@@ -54,7 +54,7 @@ async def create_chat_completion(serving: OpenAIServing, body: ChatCompletionReq
     serving.check_model(body.model)
     serving.check_n(body.n)
     aliases = _aliases(body)
-    params = serving.sampling_params(body.to_sampling_params, FIELDS, aliases)
+    params = serving.sampling_params(body.to_sampling_params, FIELDS, aliases, stream=body.stream)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     requests = serving.process(_render(serving, body), params, request_id, FIELDS, aliases)
     submitted = serving.submit([(request_id, requests)], params.n)
@@ -95,42 +95,41 @@ def chat_logprobs(entries: SampleLogprobs, token_ids: list[int], num_top: int) -
 
 
 async def _stream(ctx: _Context, submitted: Submitted) -> AsyncIterator[str]:
+    """SSE chunks from the request's DELTA outputs, as they arrive."""
     cursors: dict[int, ChoiceCursor] = {}
-    final: RequestOutput | None = None
+    prompt_tokens: dict[int, int] = {}
     try:
         async with aclosing(merge(submitted.streams)) as outputs:
             async for _, output in outputs:
-                for completion in output.outputs:
-                    cursor = cursors.setdefault(completion.index, ChoiceCursor())
-                    for chunk in _chunks(ctx, completion, cursor):
+                prompt_tokens[0] = len(output.prompt_token_ids)
+                for delta in output.outputs:
+                    cursor = cursors.setdefault(delta.index, ChoiceCursor())
+                    for chunk in _chunks(ctx, delta, cursor):
                         yield sse(chunk)
-                if output.finished:
-                    final = output
         if ctx.include_usage:
-            usage = usage_of([final] if final is not None else [])
+            usage = stream_usage(prompt_tokens, cursors.values())
             yield sse(dump(ChatCompletionChunk(id=ctx.request_id, model=ctx.model, choices=[], usage=usage)))
     except Exception as err:  # noqa: BLE001 - reported to the client as an error event
         yield sse_error(err)
     yield SSE_DONE
 
 
-def _chunks(ctx: _Context, completion: CompletionOutput, cursor: ChoiceCursor) -> list[dict]:
+def _chunks(ctx: _Context, delta: CompletionOutput, cursor: ChoiceCursor) -> list[dict]:
     """The role chunk first (once per choice), then the new content with its finish_reason."""
     chunks = []
     if not cursor.started:
         cursor.started = True
-        chunks.append(_chunk(ctx, ChatChunkChoice(index=completion.index,
+        chunks.append(_chunk(ctx, ChatChunkChoice(index=delta.index,
                                                   delta=DeltaMessage(role="assistant", content=""))))
-    step = cursor.advance(completion)
-    if step is None:
+    chunk = cursor.advance(delta)
+    if chunk is None:
         return chunks
-    text, start, end = step
     logprobs = None
-    if ctx.top_logprobs is not None and completion.logprobs is not None:
-        logprobs = chat_logprobs(completion.logprobs[start:end], completion.token_ids[start:end], ctx.top_logprobs)
-    delta = DeltaMessage(content=text) if text else DeltaMessage()
-    chunks.append(_chunk(ctx, ChatChunkChoice(index=completion.index, delta=delta, logprobs=logprobs,
-                                              finish_reason=completion.finish_reason)))
+    if ctx.top_logprobs is not None and chunk.logprobs is not None:
+        logprobs = chat_logprobs(chunk.logprobs, chunk.token_ids, ctx.top_logprobs)
+    message = DeltaMessage(content=chunk.text) if chunk.text else DeltaMessage()
+    chunks.append(_chunk(ctx, ChatChunkChoice(index=delta.index, delta=message, logprobs=logprobs,
+                                              finish_reason=chunk.finish_reason)))
     return chunks
 
 

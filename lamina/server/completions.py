@@ -13,8 +13,8 @@ from lamina.outputs import CompletionOutput, RequestOutput, SampleLogprobs
 from lamina.server import errors
 from lamina.server.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
                                     dump)
-from lamina.server.serving import (SSE_DONE, ChoiceCursor, OpenAIServing, Submitted, finite, merge, sse,
-                                   sse_error, token_text, top_entries, usage_of)
+from lamina.server.serving import (SSE_DONE, ChoiceCursor, Chunk, OpenAIServing, Submitted, finite, merge, sse,
+                                   sse_error, stream_usage, token_text, top_entries, usage_of)
 
 FIELDS = frozenset(CompletionRequest.model_fields)
 ALIASES = {"prompt_token_ids": "prompt"}
@@ -34,7 +34,7 @@ class _Context:
 async def create_completion(serving: OpenAIServing, body: CompletionRequest, http: HTTPRequest) -> Response:
     serving.check_model(body.model)
     serving.check_n(body.n)
-    params = serving.sampling_params(body.to_sampling_params, FIELDS, ALIASES)
+    params = serving.sampling_params(body.to_sampling_params, FIELDS, ALIASES, stream=body.stream)
     try:
         prompts = body.prompts()
     except ValueError as err:
@@ -85,40 +85,36 @@ def completion_logprobs(entries: SampleLogprobs, token_ids: list[int], num_top: 
 
 
 async def _stream(ctx: _Context, submitted: Submitted) -> AsyncIterator[str]:
+    """SSE chunks from the prompts' DELTA outputs, as they arrive."""
     cursors: dict[int, ChoiceCursor] = {}
-    finals: list[RequestOutput] = []
+    prompt_tokens: dict[int, int] = {}
     try:
         async with aclosing(merge(submitted.streams)) as outputs:
             async for prompt_index, output in outputs:
-                for completion in output.outputs:
-                    index = prompt_index * ctx.n + completion.index
-                    chunk = _chunk(ctx, index, output, completion, cursors.setdefault(index, ChoiceCursor()))
+                prompt_tokens[prompt_index] = len(output.prompt_token_ids)
+                for delta in output.outputs:
+                    index = prompt_index * ctx.n + delta.index
+                    cursor = cursors.setdefault(index, ChoiceCursor())
+                    chunk = cursor.advance(delta)
                     if chunk is not None:
-                        yield sse(chunk)
-                if output.finished:
-                    finals.append(output)
+                        yield sse(_chunk(ctx, index, output, chunk, cursor))
         if ctx.include_usage:
-            usage = CompletionResponse(id=ctx.request_id, model=ctx.model, choices=[], usage=usage_of(finals))
-            yield sse(dump(usage))
+            usage = stream_usage(prompt_tokens, cursors.values())
+            yield sse(dump(CompletionResponse(id=ctx.request_id, model=ctx.model, choices=[], usage=usage)))
     except Exception as err:  # noqa: BLE001 - reported to the client as an error event
         yield sse_error(err)
     yield SSE_DONE
 
 
-def _chunk(ctx: _Context, index: int, output: RequestOutput, completion: CompletionOutput,
-           cursor: ChoiceCursor) -> dict | None:
-    step = cursor.advance(completion)
-    if step is None:
-        return None
-    text, start, end = step
+def _chunk(ctx: _Context, index: int, output: RequestOutput, chunk: Chunk, cursor: ChoiceCursor) -> dict:
+    text = chunk.text
     if ctx.echo and not cursor.started:
         text = _prompt_text(ctx, output) + text
     cursor.started = True
     logprobs = None
-    if ctx.logprobs is not None and completion.logprobs is not None:
-        logprobs = completion_logprobs(completion.logprobs[start:end], completion.token_ids[start:end],
-                                       ctx.logprobs, cursor.text_offset)
+    if ctx.logprobs is not None and chunk.logprobs is not None:
+        logprobs = completion_logprobs(chunk.logprobs, chunk.token_ids, ctx.logprobs, cursor.text_offset)
         cursor.text_offset += sum(len(t) for t in logprobs.tokens)
-    choice = CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=completion.finish_reason,
-                              stop_reason=completion.stop_reason)
+    choice = CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=chunk.finish_reason,
+                              stop_reason=chunk.stop_reason)
     return dump(CompletionResponse(id=ctx.request_id, model=ctx.model, choices=[choice]))

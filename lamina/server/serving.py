@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 from starlette.requests import Request as HTTPRequest
@@ -21,8 +21,8 @@ from starlette.types import Receive, Scope, Send
 from lamina.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
 from lamina.engine.input_processor import PromptType
 from lamina.engine.request import Request
-from lamina.outputs import CompletionOutput, Logprob, RequestOutput
-from lamina.sampling_params import SamplingParams
+from lamina.outputs import CompletionOutput, Logprob, RequestOutput, SampleLogprobs
+from lamina.sampling_params import RequestOutputKind, SamplingParams
 from lamina.server import errors
 from lamina.server.protocol import UsageInfo, dump
 from lamina.server.settings import ServerSettings
@@ -77,11 +77,15 @@ class OpenAIServing:
 
     @staticmethod
     def sampling_params(make: Callable[[], SamplingParams], fields: Collection[str],
-                        aliases: Mapping[str, str] | None = None) -> SamplingParams:
+                        aliases: Mapping[str, str] | None = None, *, stream: bool) -> SamplingParams:
+        """The request's SamplingParams, asking for DELTA outputs when it streams (each chunk is built
+        from what is new: linear in the length) and FINAL_ONLY when it does not (one output per prompt)."""
         try:
-            return make()
+            params = make()
         except ValueError as err:
             raise errors.from_value_error(err, fields, aliases) from err
+        kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
+        return params.with_output_kind(kind)
 
     def process(self, prompt: PromptType, params: SamplingParams, request_id: str, fields: Collection[str],
                 aliases: Mapping[str, str] | None = None) -> list[Request]:
@@ -201,6 +205,7 @@ def _as_api_error(err: BaseException) -> BaseException:
 
 
 def usage_of(outputs: list[RequestOutput]) -> UsageInfo:
+    """Usage of complete (FINAL_ONLY) outputs, one per prompt."""
     prompt = sum(len(o.prompt_token_ids) for o in outputs)
     completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
@@ -223,30 +228,54 @@ SSE_DONE = sse("[DONE]")
 
 
 @dataclass
-class ChoiceCursor:
-    """How much of one choice's cumulative output has been streamed."""
+class Chunk:
+    """What one streamed chunk of a choice carries: new text and the tokens (and logprobs) behind it."""
 
-    text_len: int = 0
-    num_tokens: int = 0
+    text: str
+    token_ids: list[int]
+    logprobs: SampleLogprobs | None
+    finish_reason: str | None
+    stop_reason: int | str | None
+
+
+@dataclass
+class ChoiceCursor:
+    """One choice of a stream, fed its DELTA outputs: the tokens not yet sent and the counts so far."""
+
+    num_tokens: int = 0  # tokens received: the choice's completion_tokens
     text_offset: int = 0  # completions logprobs: characters of token text sent so far
     started: bool = False
     finished: bool = False
+    pending_ids: list[int] = field(default_factory=list)
+    pending_logprobs: SampleLogprobs = field(default_factory=list)
 
-    def advance(self, completion: CompletionOutput) -> tuple[str, int, int] | None:
-        """New text and the token range [start, end) since the last chunk; None when nothing is new.
+    def advance(self, delta: CompletionOutput) -> Chunk | None:
+        """The chunk for one DELTA output; None while there is no new text to send.
 
-        The cumulative text only grows (while running it holds back what a stop string may cut), so
-        the delta is its new suffix; tokens whose text is held back ride along with a later chunk.
+        Tokens whose text is still held back (a stop string may cut it, or a character is incomplete)
+        wait here and ride along with the chunk that carries their text, so logprobs match the text.
         """
         if self.finished:
             return None
-        delta = completion.text[self.text_len:]
-        finished = completion.finish_reason is not None
-        if not delta and not finished:
+        self.num_tokens += len(delta.token_ids)
+        self.pending_ids.extend(delta.token_ids)
+        if delta.logprobs is not None:
+            self.pending_logprobs.extend(delta.logprobs)
+        finished = delta.finish_reason is not None
+        if not delta.text and not finished:
             return None
-        start = self.num_tokens
-        self.text_len, self.num_tokens, self.finished = len(completion.text), len(completion.token_ids), finished
-        return delta, start, self.num_tokens
+        chunk = Chunk(delta.text, self.pending_ids, self.pending_logprobs if delta.logprobs is not None else None,
+                      delta.finish_reason, delta.stop_reason)
+        self.pending_ids, self.pending_logprobs, self.finished = [], [], finished
+        return chunk
+
+
+def stream_usage(prompt_tokens: Mapping[int, int], cursors: Iterable[ChoiceCursor]) -> UsageInfo:
+    """Usage of a streamed response: prompt tokens per prompt index, completion tokens counted as the
+    deltas passed (no output of a DELTA stream holds a whole completion)."""
+    prompt = sum(prompt_tokens.values())
+    completion = sum(c.num_tokens for c in cursors)
+    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
 def token_text(logprob: Logprob | None, token_id: int) -> str:

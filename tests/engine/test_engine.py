@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from lamina import LLM, SamplingParams
+from lamina import LLM, RequestOutputKind, SamplingParams
 from tests.helpers.tiny_models import make_tiny_model
 from tests.helpers.tiny_tokenizer import save_tiny_tokenizer
 
@@ -40,7 +40,7 @@ def test_streamed_text_only_grows_and_ends_with_the_full_text(engine):
 
 def test_a_request_that_does_not_stream_has_one_output_when_it_finishes(engine):
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, stop=["zzzz"])
-    engine.add_request("print(", params, request_id="quiet", stream=False)
+    engine.add_request("print(", params.with_output_kind(RequestOutputKind.FINAL_ONLY), request_id="quiet")
     engine.add_request("print(", params, request_id="loud")
     outputs = {"quiet": [], "loud": []}
     while engine.has_unfinished_requests():
