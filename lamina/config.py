@@ -82,16 +82,18 @@ DEFAULT_CPU_KV_BYTES = 1 << 30
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """One token budget per step, and a cap on concurrently running requests."""
+    """One token budget per step, and a cap on concurrently running requests.
 
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 128
+    None: the engine picks by device and usage (lamina/engine/defaults.py) and logs what it picked."""
+
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs"):
             value = getattr(self, name)
-            _require(isinstance(value, int) and value > 0, name,
-                     f"must be a positive integer, got {value!r}")
+            _require(value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0),
+                     name, f"must be a positive integer or None (the device's default), got {value!r}")
 
 
 @dataclass(frozen=True)

@@ -26,12 +26,15 @@ class LLM:
 
     def __init__(self, model: str, dtype: str = "auto", device: str = "auto", max_model_len: int | None = None,
                  block_size: int = 16, num_kv_blocks: int | None = None,
-                 kv_cache_memory_bytes: int | None = None, max_num_batched_tokens: int = 2048,
-                 max_num_seqs: int = 128, enable_prefix_caching: bool = True, seed: int = 0,
+                 kv_cache_memory_bytes: int | None = None, max_num_batched_tokens: int | None = None,
+                 max_num_seqs: int | None = None, enable_prefix_caching: bool = True, seed: int = 0,
                  skip_tokenizer_init: bool = False, tokenizer: str | None = None, max_logprobs: int = 20,
                  attention_backend: str = "auto", load_format: str = "auto",
                  gpu_memory_utilization: float = 0.9, enforce_eager: bool = False,
-                 cuda_graph_max_batch_size: int = 256, async_scheduling: bool = True) -> None:
+                 cuda_graph_max_batch_size: int = 256, async_scheduling: bool = True,
+                 usage: str = "offline") -> None:
+        """Engine arguments are vLLM's. max_num_seqs / max_num_batched_tokens None: chosen for the device
+        and `usage` ("offline", or "serve" for the server), logged at start-up (lamina/engine/defaults.py)."""
         config = EngineConfig(
             model_config=ModelConfig(model=model, dtype=dtype, max_model_len=max_model_len, seed=seed,
                                      skip_tokenizer_init=skip_tokenizer_init, tokenizer=tokenizer,
@@ -44,7 +47,7 @@ class LLM:
                                              max_num_seqs=max_num_seqs),
             device=device, attention_backend=attention_backend, enforce_eager=enforce_eager,
             cuda_graph_max_batch_size=cuda_graph_max_batch_size, async_scheduling=async_scheduling)
-        self.engine = LLMEngine(config)
+        self.engine = LLMEngine(config, usage=usage)
 
     def get_tokenizer(self) -> Tokenizer | None:
         return self.engine.tokenizer

@@ -10,6 +10,9 @@
 #         w1 | w1-peer   lamina.bench.offline --workload w1 [--peer hf]
 #         w2-qwen | w2-qwen-peer | w2-llama | w2-llama-peer   lamina.bench.offline --workload w2 ...
 #         profile        scripts/profile_decode.py (W2 Qwen3 decode step: GPU kernels vs host)
+#         sampling       lamina.bench.sampling (sampling kernel vs torch path, chi-square at V = 151,936)
+#         w1-sweep       lamina.bench.w1_sweep (defaults vs a max_num_seqs x budget grid; greedy, top-p)
+#         startup        lamina.bench.startup, cold (empty Triton cache) then warm, Qwen3-0.6B and Llama-3-8B
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -42,6 +45,16 @@ for step in "$@"; do
         w2-llama) offline w2-llama w2 llama3-8b none ;;
         w2-llama-peer) offline w2-llama-peer w2 llama3-8b hf ;;
         profile) run profile python scripts/profile_decode.py --shape qwen3-0.6b ;;
+        sampling) run sampling python -m lamina.bench.sampling --result-file "$OUT/sampling.json" ;;
+        w1-sweep) run w1-sweep python -m lamina.bench.w1_sweep --result-file "$OUT/w1-sweep.json" ;;
+        startup)
+            for shape in qwen3-0.6b llama3-8b; do
+                cache=$(mktemp -d)
+                for kind in cold warm; do
+                    TRITON_CACHE_DIR=$cache run "startup-$shape-$kind" python -m lamina.bench.startup \
+                        --shape "$shape" --result-file "$OUT/startup-$shape-$kind.json"
+                done
+            done ;;
         *) echo "unknown step: $step"; status=2 ;;
     esac
 done

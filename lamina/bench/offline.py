@@ -86,17 +86,22 @@ def weight_bytes(llm: LLM) -> int:
     return sum(p.numel() * p.element_size() for p in llm.engine.worker.model.parameters())
 
 
-def run_w1(llm: LLM, prompts: list[list[int]], outputs: list[int]) -> dict[str, Any]:
-    warm = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+def run_w1(llm: LLM, prompts: list[list[int]], outputs: list[int], temperature: float = 0.6, top_p: float = 1.0,
+           trace: bool = True) -> dict[str, Any]:
+    """W1 at `temperature` / `top_p` (nano-vllm samples at 0.6), after one warm-up request."""
+    warm = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=16, ignore_eos=True)
     llm.generate([{"prompt_token_ids": prompts[0]}], warm, use_tqdm=False)
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in outputs]
-    trace = StepTrace(llm.engine)
+    params = [SamplingParams(temperature=temperature, top_p=top_p, max_tokens=n, ignore_eos=True) for n in outputs]
+    step_trace = StepTrace(llm.engine) if trace else None
     start = time.perf_counter()
     done = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     seconds = time.perf_counter() - start
     tokens = sum(len(o.outputs[0].token_ids) for o in done)
+    sched = llm.engine.config.scheduler_config
     return dict(output_tokens=tokens, seconds=seconds, tok_per_s=tokens / seconds, requests=len(prompts),
-                steps=trace.summary())
+                temperature=temperature, top_p=top_p, max_num_seqs=sched.max_num_seqs,
+                max_num_batched_tokens=sched.max_num_batched_tokens, preemptions=llm.engine.get_stats().num_preemptions,
+                steps=step_trace.summary() if step_trace else None)
 
 
 class StepTrace:
@@ -197,9 +202,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--result-file", default=None)
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shape, 8 short requests")
     parser.add_argument("--also-eager", action="store_true", help="W2: also run lamina with enforce_eager")
-    parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--temperature", type=float, default=0.6, help="W1 sampling temperature (0 = greedy)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="W1 top-p")
+    parser.add_argument("--max-num-seqs", type=int, default=None, help="default: the engine's for the device")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+                        help="default: the engine's for the device")
+    parser.add_argument("--max-model-len", type=int, default=None, help="default: the engine's")
     args = parser.parse_args(argv)
     args.command = "python -m lamina.bench.offline " + " ".join(argv if argv is not None else sys.argv[1:])
     args.num_requests, args.max_len, args.w2_prompt_len, args.w2_new_tokens = 256, 1024, 128, 256
@@ -219,7 +227,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                                   torch=torch.__version__)
     if args.workload == "w1":
         prompts, outputs = w1_requests(args.num_requests, args.max_len)
-        report["lamina"] = run_w1(make_llm(config_path, args), prompts, outputs)
+        report["lamina"] = run_w1(make_llm(config_path, args), prompts, outputs, args.temperature, args.top_p)
         if not args.dry_run:
             assert report["lamina"]["output_tokens"] == W1_EXPECTED_OUTPUT_TOKENS, report["lamina"]
     else:

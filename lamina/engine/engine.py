@@ -10,11 +10,13 @@ call's host work (reading tokens, stop checks, detokenizing, building outputs).
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from dataclasses import dataclass
 
 from lamina.config import EngineConfig
+from lamina.engine.defaults import fit_to_kv_capacity, log_scheduler_config, resolve_scheduler_config
 from lamina.engine.input_processor import InputLimits, InputProcessor, PromptType
 from lamina.engine.interfaces import SchedulerOutput
 from lamina.engine.output_processor import OutputProcessor
@@ -27,7 +29,7 @@ from lamina.loader.tokenizer import Tokenizer
 from lamina.outputs import RequestOutput
 from lamina.sampling_params import SamplingParams
 from lamina.worker.model_runner import PendingStep
-from lamina.worker.worker import Worker
+from lamina.worker.worker import Worker, resolve_device
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +43,11 @@ class InflightStep:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, usage: str = "offline") -> None:
+        """`usage` ("offline" | "serve") picks the scheduler defaults (lamina/engine/defaults.py)."""
+        asked = config.scheduler_config
+        device = resolve_device(config.device)
+        config = dataclasses.replace(config, scheduler_config=resolve_scheduler_config(asked, device, usage))
         self.config = config
         model_config = config.model_config
         self.arch = load_model_arch(model_config.model)
@@ -50,9 +56,12 @@ class LLMEngine:
             self.tokenizer = Tokenizer.from_pretrained(model_config.tokenizer or model_config.model)
         self.worker = Worker(config, self.arch)
         self.max_model_len = self.worker.max_model_len
+        sched = fit_to_kv_capacity(config.scheduler_config, asked, device, self.worker.kv_capacity_tokens)
+        self.config = config = dataclasses.replace(config, scheduler_config=sched)
+        log_scheduler_config(sched, asked, device, usage)
         cache = config.cache_config
         self.kv_manager = KVCacheManager(self.worker.num_blocks, cache.block_size, cache.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler_config, self.kv_manager, self.max_model_len)
+        self.scheduler = Scheduler(sched, self.kv_manager, self.max_model_len)
         limits = InputLimits(self.arch.vocab_size, self.max_model_len, model_config.max_logprobs)
         self.input_processor = InputProcessor(self.tokenizer, limits, self._eos_token_ids())
         self.output_processor = OutputProcessor(self.tokenizer)

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)  # validate the server flags before loading the model
     sock = bind_socket(settings.host, settings.port)
     try:
-        llm_engine = LLM(model=settings.model_root, **engine_kwargs(args)).engine
+        llm_engine = LLM(model=settings.model_root, usage="serve", **engine_kwargs(args)).engine
         logger.info("%s", engine_summary(llm_engine))
         engine = AsyncEngine(llm_engine)
         try:

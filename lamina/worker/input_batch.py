@@ -123,8 +123,8 @@ def _packed_to_device(fields: list[np.ndarray], dtype: type, device: torch.devic
     padded = [-(-n // step) * step for n in sizes]
     packed = np.zeros(sum(padded), dtype=dtype)
     offset = 0
-    for field, size in zip(fields, padded):
-        packed[offset:offset + len(field)] = field
+    for values, size in zip(fields, padded):
+        packed[offset:offset + len(values)] = values
         offset += size
     parts = torch.from_numpy(packed).to(device, non_blocking=True).split(padded)
     return [part[:n] for part, n in zip(parts, sizes)]
