@@ -12,6 +12,7 @@
 #         profile        scripts/profile_decode.py (W2 Qwen3 decode step: GPU kernels vs host)
 #         sampling       lamina.bench.sampling (sampling kernel vs torch path, chi-square at V = 151,936)
 #         w1-sweep       lamina.bench.w1_sweep (defaults vs a max_num_seqs x budget grid; greedy, top-p)
+#         w4-sweep       lamina.bench.w4_sweep (lamina serve per scheduler setting, bench serve at 8, 32, inf req/s)
 #         startup        lamina.bench.startup, cold (empty Triton cache) then warm, Qwen3-0.6B and Llama-3-8B
 set -u
 OUT=${OUT:-out}
@@ -47,6 +48,7 @@ for step in "$@"; do
         profile) run profile python scripts/profile_decode.py --shape qwen3-0.6b ;;
         sampling) run sampling python -m lamina.bench.sampling --result-file "$OUT/sampling.json" ;;
         w1-sweep) run w1-sweep python -m lamina.bench.w1_sweep --result-file "$OUT/w1-sweep.json" ;;
+        w4-sweep) run w4-sweep python -m lamina.bench.w4_sweep --result-file "$OUT/w4-sweep.json" ;;
         startup)
             for shape in qwen3-0.6b llama3-8b; do
                 cache=$(mktemp -d)

@@ -153,8 +153,8 @@ class _Stream:
         text = choice.get("text")
         if text is None:
             text = (choice.get("delta") or {}).get("content")
-        if not text and choice.get("finish_reason") is not None:
-            return  # a bare finish marker carries no token
+        if not text and not choice.get("token_ids") and choice.get("finish_reason") is not None:
+            return  # a bare finish marker carries no token (a server without a tokenizer sends token_ids)
         if self.chunks == 0:
             self.record.ttft = now - self.sent
         else:

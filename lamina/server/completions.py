@@ -94,7 +94,7 @@ async def _stream(ctx: _Context, submitted: Submitted) -> AsyncIterator[str]:
                 prompt_tokens[prompt_index] = len(output.prompt_token_ids)
                 for delta in output.outputs:
                     index = prompt_index * ctx.n + delta.index
-                    cursor = cursors.setdefault(index, ChoiceCursor())
+                    cursor = cursors.setdefault(index, ChoiceCursor(text_free=ctx.tokenizer is None))
                     chunk = cursor.advance(delta)
                     if chunk is not None:
                         yield sse(_chunk(ctx, index, output, chunk, cursor))
@@ -117,4 +117,7 @@ def _chunk(ctx: _Context, index: int, output: RequestOutput, chunk: Chunk, curso
         cursor.text_offset += sum(len(t) for t in logprobs.tokens)
     choice = CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=chunk.finish_reason,
                               stop_reason=chunk.stop_reason)
-    return dump(CompletionResponse(id=ctx.request_id, model=ctx.model, choices=[choice]))
+    data = dump(CompletionResponse(id=ctx.request_id, model=ctx.model, choices=[choice]))
+    if ctx.tokenizer is None:  # the text is empty: the token ids are the content (vLLM's `token_ids`)
+        data["choices"][0]["token_ids"] = list(chunk.token_ids)
+    return data

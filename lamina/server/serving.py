@@ -246,11 +246,13 @@ class ChoiceCursor:
     text_offset: int = 0  # completions logprobs: characters of token text sent so far
     started: bool = False
     finished: bool = False
+    text_free: bool = False  # no tokenizer: every delta with tokens is a chunk (empty text, its token ids)
     pending_ids: list[int] = field(default_factory=list)
     pending_logprobs: SampleLogprobs = field(default_factory=list)
 
     def advance(self, delta: CompletionOutput) -> Chunk | None:
-        """The chunk for one DELTA output; None while there is no new text to send.
+        """The chunk for one DELTA output; None while there is no new text to send (without a tokenizer:
+        no new tokens).
 
         Tokens whose text is still held back (a stop string may cut it, or a character is incomplete)
         wait here and ride along with the chunk that carries their text, so logprobs match the text.
@@ -262,7 +264,7 @@ class ChoiceCursor:
         if delta.logprobs is not None:
             self.pending_logprobs.extend(delta.logprobs)
         finished = delta.finish_reason is not None
-        if not delta.text and not finished:
+        if not delta.text and not finished and not (self.text_free and self.pending_ids):
             return None
         chunk = Chunk(delta.text, self.pending_ids, self.pending_logprobs if delta.logprobs is not None else None,
                       delta.finish_reason, delta.stop_reason)
