@@ -4,12 +4,14 @@
     python -m lamina.bench.startup --shape qwen3-0.6b                                   # warm: cache reused
 
 Whether a run is cold is up to the caller's Triton cache directory; the result says which it was (the
-cache's file count before the run). Dummy bf16 weights, engine defaults. Prints one line, writes JSON.
+cache's file count before the run). Dummy bf16 weights, engine defaults. Logs the engine's start-up stages,
+prints one line, writes JSON.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -48,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--result-file", default=None)
     args = parser.parse_args(argv)
+    # the engine logs each start-up stage's time (load, KV sizing, kernel warm-up, CUDA graphs) at INFO
+    logging.basicConfig(level=logging.INFO, format="%(relativeCreated)6.0f ms %(name)s: %(message)s")
     result = measure(args.shape, args.device)
     if args.result_file:
         Path(args.result_file).write_text(json.dumps(result, indent=1))

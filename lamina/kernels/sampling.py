@@ -19,8 +19,8 @@ less likely than j. So the program samples by rejection (exact):
 The accepted j is distributed as softmax restricted to the kept set: each draw is from that
 distribution restricted to a superset of it, and rejections only drop tokens outside it. The top token
 is always accepted (M = 0), so the loop ends; with top_p 0.95 it almost always ends in the first round.
-Noise g = -log(-log(u)), u from Philox keyed by the row's seed at counter round * V + column: a row's
-tokens depend only on its seed, never on the batch. A row with temperature 0 is greedy (argmax).
+Noise g = -log(-log(u)), u from Philox keyed by the row's seed, at a counter fixed by the round and the
+column: a row's tokens depend only on its seed, never on the batch. A row with temperature 0 is greedy (argmax).
 
 Importing this module imports triton: the sampler imports it only for CUDA logits.
 """
@@ -54,26 +54,42 @@ def _row_stats(row_ptr, scale, kth, vocab: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _lane_update(best, best_idx, row_ptr, cols, u, scale, kth, floor_x, pivot, noise, vocab: tl.constexpr):
+    """Each lane keeps its best x + Gumbel noise among the kept tokens it has seen (the first on ties)."""
+    logit = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+    x = logit * scale
+    gumbel = -tl.log(-tl.log(tl.maximum(u, 2.3283064e-10)))  # u = 0 -> 2^-32: no -inf noise
+    score = x + tl.where(noise, gumbel, 0.0)
+    keep = (cols < vocab) & (logit >= kth) & (x >= floor_x) & (x > pivot)
+    better = keep & (score > best)
+    return tl.where(better, score, best), tl.where(better, cols, best_idx)
+
+
+@triton.jit
 def _gumbel_argmax(row_ptr, scale, kth, floor_x, pivot, seed, noise, round_idx, vocab: tl.constexpr,
                    BLOCK: tl.constexpr):
-    """argmax over {l >= kth, x >= floor_x, x > pivot} of x + noise * Gumbel(seed, round_idx * V + col)."""
-    best = float("-inf")
-    best_idx = 0
-    for start in range(0, vocab, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        in_row = cols < vocab
-        logit = tl.load(row_ptr + cols, mask=in_row, other=float("-inf")).to(tl.float32)
-        x = logit * scale
-        u = tl.maximum(tl.rand(seed, round_idx * vocab + cols), 2.3283064e-10)  # u = 0 -> 2^-32: no -inf noise
-        gumbel = -tl.log(-tl.log(u))
-        score = x + tl.where(noise, gumbel, 0.0)
-        keep = in_row & (logit >= kth) & (x >= floor_x) & (x > pivot)
-        score = tl.where(keep, score, float("-inf"))
-        tile_best = tl.max(score, 0)
-        if tile_best > best:
-            best = tile_best
-            best_idx = start + tl.argmax(score, 0)
-    return best_idx
+    """argmax over {l >= kth, x >= floor_x, x > pivot} of x + noise * Gumbel, the first index on ties.
+
+    A tile is four quarters; one Philox call (rand4x) gives a uniform to each lane of every quarter, at
+    counter (round_idx * tiles + tile) * QUARTER + lane. Lanes reduce once, after the last tile."""
+    QUARTER: tl.constexpr = BLOCK // 4
+    TILES: tl.constexpr = (vocab + BLOCK - 1) // BLOCK
+    lanes = tl.arange(0, QUARTER)
+    best = tl.full([QUARTER], float("-inf"), tl.float32)
+    best_idx = tl.zeros([QUARTER], tl.int32)
+    for tile in range(0, TILES):
+        start = tile * BLOCK
+        u0, u1, u2, u3 = tl.rand4x(seed, (round_idx * TILES + tile) * QUARTER + lanes)
+        best, best_idx = _lane_update(best, best_idx, row_ptr, start + lanes, u0, scale, kth, floor_x, pivot,
+                                      noise, vocab)
+        best, best_idx = _lane_update(best, best_idx, row_ptr, start + QUARTER + lanes, u1, scale, kth, floor_x,
+                                      pivot, noise, vocab)
+        best, best_idx = _lane_update(best, best_idx, row_ptr, start + 2 * QUARTER + lanes, u2, scale, kth,
+                                      floor_x, pivot, noise, vocab)
+        best, best_idx = _lane_update(best, best_idx, row_ptr, start + 3 * QUARTER + lanes, u3, scale, kth,
+                                      floor_x, pivot, noise, vocab)
+    top = tl.max(best, 0)
+    return tl.min(tl.where(best == top, best_idx, 2147483647), 0)
 
 
 @triton.jit

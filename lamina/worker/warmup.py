@@ -13,6 +13,7 @@ that stores nothing (every slot -1) and reads only the null block 0:
     [(64, 64), (1, 40), (8, 48)]                            prefill short tiles, decode MAX_Q=8 no split
     [(1, max_model_len), (1, 3)]                            decode MAX_Q=1 split (eager: graphs off)
     [(1, 30)] * m, m = 1..4                                 decode MAX_Q=1 no split, GEMV M=m
+    then the sampling kernel on one row of logits           temperature only; with top-p
 """
 from __future__ import annotations
 
@@ -69,7 +70,19 @@ def warm_up_kernels(model: torch.nn.Module, block_size: int, max_num_batched_tok
         with set_attention_metadata(metadata):
             hidden = model(input_ids, positions)
         last_rows = torch.tensor(metadata.query_start_loc_cpu[1:], device=device) - 1
-        model.compute_logits(hidden[last_rows])
+        logits = model.compute_logits(hidden[last_rows])
+    warm_up_sampling(logits[:1])
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     logger.info("kernels warmed up for %d kinds of step in %.1f s", len(batches), time.perf_counter() - start)
+
+
+def warm_up_sampling(logits: torch.Tensor) -> None:
+    """Compile the sampling kernel's two common variants: temperature only, and with top-p (top-k and
+    min-p variants compile on first use). CUDA logits only: the kernel module imports triton."""
+    from lamina.kernels import sampling
+
+    ones = torch.ones(logits.shape[0], device=logits.device)
+    keys = torch.zeros(logits.shape[0], dtype=torch.int64, device=logits.device)
+    sampling.sample(logits, ones, keys)
+    sampling.sample(logits, ones, keys, top_p=ones * 0.9)
