@@ -16,7 +16,7 @@ import torch
 from lamina.attention.metadata import set_attention_metadata
 from lamina.kv.cache import MIN_NUM_BLOCKS, allocate_kv_caches, bind_kv_caches
 from lamina.loader.hf_config import ModelArch
-from lamina.worker.warmup import null_block_metadata
+from lamina.worker.warmup import null_block_metadata, precompile
 
 
 def split_tokens(num_tokens: int, max_len: int) -> list[int]:
@@ -42,7 +42,9 @@ def warmup_forward(model: torch.nn.Module, arch: ModelArch, num_tokens: int, num
 
 def profile_peak_bytes(model: torch.nn.Module, arch: ModelArch, num_tokens: int, num_logit_rows: int,
                        block_size: int, dtype: torch.dtype, device: torch.device) -> int:
-    """Peak bytes allocated by torch on `device` (weights included) during the warm-up forward."""
+    """Peak bytes allocated by torch on `device` (weights included) during the warm-up forward (whose
+    Triton kernels are compiled together first, on a thread pool: warmup.precompile)."""
+    precompile(lambda: warmup_forward(model, arch, num_tokens, num_logit_rows, block_size, dtype, device))
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)

@@ -5,8 +5,9 @@ attention kernels, the decode kernel's MAX_Q (1: pure decode; DECODE_MAX_Q: deco
 a prefill) and split / no split, the prefill kernel's short / long tiles; for the GEMV, its row count
 M (1..4). CUDA-graph capture compiles the pure-decode graphs only. Without this warm-up the other
 variants compile inside the first steps that need them, about a second each on an H200 host (W1 lost
-10 of its 16 seconds that way). Each warm-up batch below is one eager forward over the real KV cache
-that stores nothing (every slot -1) and reads only the null block 0:
+10 of its 16 seconds that way). The variants are compiled together, on a thread pool (`precompile`), not
+one after another. Each warm-up batch below is one eager forward over the real KV cache that stores
+nothing (every slot -1) and reads only the null block 0:
 
     rows (q_len, seq_len)                                   compiles
     [(long, long), (1, max_model_len), (1, 17)]             prefill long tiles, decode MAX_Q=8 split
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -60,9 +63,21 @@ def null_block_metadata(rows: Rows, block_size: int, device: torch.device) -> At
 @torch.inference_mode()
 def warm_up_kernels(model: torch.nn.Module, block_size: int, max_num_batched_tokens: int, max_model_len: int,
                     device: torch.device) -> None:
-    """One eager forward (and logits for each sequence) per warm-up batch; the KV cache is untouched."""
+    """One eager forward (and logits for each sequence) per warm-up batch; the KV cache is untouched.
+
+    The batches run twice: first with every kernel that is not compiled yet skipped, to learn which
+    variants they need, which are then compiled together on a thread pool (`precompile`); then for real."""
     start = time.perf_counter()
     batches = warmup_batches(max_num_batched_tokens, max_model_len)
+    compiled = precompile(lambda: _run_batches(model, batches, block_size, device))
+    _run_batches(model, batches, block_size, device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    logger.info("kernels warmed up for %d kinds of step in %.1f s (%d kernel variants compiled or loaded)",
+                len(batches), time.perf_counter() - start, compiled)
+
+
+def _run_batches(model: torch.nn.Module, batches: list[Rows], block_size: int, device: torch.device) -> None:
     for rows in batches:
         metadata = null_block_metadata(rows, block_size, device)
         positions = torch.cat([torch.arange(s - q, s, device=device) for q, s in rows])
@@ -72,9 +87,33 @@ def warm_up_kernels(model: torch.nn.Module, block_size: int, max_num_batched_tok
         last_rows = torch.tensor(metadata.query_start_loc_cpu[1:], device=device) - 1
         logits = model.compute_logits(hidden[last_rows])
     warm_up_sampling(logits[:1])
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    logger.info("kernels warmed up for %d kinds of step in %.1f s", len(batches), time.perf_counter() - start)
+
+
+def precompile(run: Callable[[], None], max_workers: int = 8) -> int:
+    """Call `run` with every Triton kernel that is not compiled yet skipped (neither compiled nor
+    launched: its output stays garbage), then compile all the skipped variants at once on a thread pool
+    (Triton's AsyncCompileMode; variants in Triton's disk cache are only loaded). Returns how many
+    variants there were; 0 without triton (then there is nothing to compile)."""
+    try:
+        from triton import AsyncCompileMode, knobs
+    except ImportError:
+        return 0
+
+    missed: list[tuple[object, str]] = []
+
+    def skip(*, fn: object, compile: dict, **_: object) -> bool:
+        missed.append((fn.jit_function, compile["specialization_data"]))
+        return True  # "handled": Triton returns without compiling or launching
+
+    previous, knobs.runtime.jit_cache_hook = knobs.runtime.jit_cache_hook, skip
+    try:
+        run()
+    finally:
+        knobs.runtime.jit_cache_hook = previous
+    with ThreadPoolExecutor(max_workers) as pool, AsyncCompileMode(pool):
+        for jit_function, specialization in missed:
+            jit_function.preload(specialization)
+    return len({specialization for _, specialization in missed})
 
 
 def warm_up_sampling(logits: torch.Tensor) -> None:
