@@ -68,6 +68,7 @@ def torch_path(logits: torch.Tensor, temperature: float, top_p: float = 1.0, top
 
 
 def chi2_critical(df: int, alpha: float = 1e-3) -> float:
+    """x with P(chi2_df > x) = alpha, by bisection on the regularised upper incomplete gamma."""
     lo, hi = 0.0, 10.0 * df + 100.0
     for _ in range(100):
         mid = (lo + hi) / 2

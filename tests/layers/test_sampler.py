@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
+from lamina.bench.sampling import chi2_critical
 from lamina.engine.request import Request
 from lamina.layers.sampler import (Sampler, SamplerOutput, SamplingMetadata, process_logits,
                                    to_logprob_dicts)
@@ -52,17 +53,6 @@ def ref_dist(logits: list[float], temperature: float = 1.0, top_k: int = 0, top_
         probs[probs < min_p * probs.max()] = 0.0
         probs /= probs.sum()
     return probs
-
-
-def chi2_critical(df: int, alpha: float = 1e-3) -> float:
-    """x with P(chi2_df > x) = alpha, by bisection on the regularised upper incomplete gamma."""
-    lo, hi = 0.0, 1000.0
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        tail = torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
-                                       torch.tensor(mid / 2, dtype=torch.float64)).item()
-        lo, hi = (mid, hi) if tail > alpha else (lo, mid)
-    return lo
 
 
 def chi2_stat(counts: torch.Tensor, expected: torch.Tensor) -> float:
