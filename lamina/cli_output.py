@@ -6,11 +6,12 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING, TextIO
 
 from lamina.outputs import CompletionOutput, Logprob, RequestOutput
-from lamina.sampling_params import SamplingParams
+from lamina.sampling_params import RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:  # the engine pulls in torch: import it only when a command runs
     from lamina.engine.input_processor import PromptType
@@ -18,21 +19,31 @@ if TYPE_CHECKING:  # the engine pulls in torch: import it only when a command ru
 
 
 def stream_request(llm: LLM, prompt: PromptType, params: SamplingParams, out: TextIO) -> RequestOutput:
-    """Run one request, writing its first sample's new text to `out` after every step, then a newline."""
+    """Run one request, writing its first sample's new text to `out` after every step, then a newline.
+    The engine sends deltas (work linear in the length); the returned output holds the whole first sample."""
     engine = llm.engine
-    request_id = engine.add_request(prompt, params)
-    printed, final = 0, None
+    request_id = engine.add_request(prompt, params.with_output_kind(RequestOutputKind.DELTA))
+    pieces: list[str] = []
+    token_ids: list[int] = []
+    logprobs: list | None = None if params.logprobs is None else []
+    last, final = None, None
     while engine.has_unfinished_requests():
         for output in engine.step():
-            if output.request_id != request_id:
+            if output.request_id != request_id or not output.outputs or output.outputs[0].index != 0:
                 continue
-            text = output.outputs[0].text
-            out.write(text[printed:])
+            last, final = output.outputs[0], output
+            out.write(last.text)
             out.flush()
-            printed, final = len(text), output
+            pieces.append(last.text)
+            token_ids.extend(last.token_ids)
+            if logprobs is not None:
+                logprobs.extend(last.logprobs or [])
     out.write("\n")
     out.flush()
-    return final
+    if final is None:
+        return final
+    whole = dataclasses.replace(last, text="".join(pieces), token_ids=token_ids, logprobs=logprobs)
+    return dataclasses.replace(final, outputs=[whole])
 
 
 def _finite(value: float) -> float | None:
