@@ -12,6 +12,7 @@ BOS/EOS insertion is what the tokenizer.json post-processor says, exactly as `Au
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Sequence
@@ -21,12 +22,14 @@ from tokenizers import Tokenizer as BackendTokenizer
 
 from lamina.loader.chat_template import (ChatTemplateSource, parse_chat_template, read_chat_template,
                                          render_chat_template)
+from lamina.loader.token_bytes import max_bytes_per_token
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 _SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
                        "mask_token")
 _ADDED_TOKEN_FLAGS = ("single_word", "lstrip", "rstrip", "normalized", "special")
+_GIL_FREE_CHARS = 1 << 14  # longer texts are encoded without holding the GIL
 
 
 def read_json_file(path: str) -> dict:
@@ -143,7 +146,15 @@ class Tokenizer:
         """Token ids of `text`; add_special_tokens applies the post-processor (e.g. a leading BOS)."""
         if not isinstance(text, str):
             raise ValueError(f"text to encode must be a string, got {type(text).__name__}")
+        if len(text) > _GIL_FREE_CHARS:  # encode_batch releases the GIL (encode does not): other threads run
+            return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    @functools.cached_property
+    def max_bytes_per_token(self) -> int | None:
+        """The most UTF-8 bytes of text one token covers; None when the tokenizer may shrink its input (see
+        lamina.loader.token_bytes). Computed once, from the whole vocabulary."""
+        return max_bytes_per_token(self._backend)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of `ids`. Ids unknown to the tokenizer (a padded LM head) decode to nothing."""

@@ -9,8 +9,11 @@ from dataclasses import dataclass
 from fastapi.responses import Response
 from starlette.requests import Request as HTTPRequest
 
+from lamina.engine.request import Request
 from lamina.outputs import CompletionOutput, RequestOutput, SampleLogprobs
+from lamina.sampling_params import SamplingParams
 from lamina.server import errors
+from lamina.server.offload import check_prompt_size, is_large, run_prepare
 from lamina.server.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                                     ChatCompletionResponse, ChatLogprobs, ChatResponseMessage, ChatTokenLogprob,
                                     DeltaMessage, TopLogprob, dump)
@@ -46,7 +49,14 @@ def _render(serving: OpenAIServing, body: ChatCompletionRequest) -> dict:
         raise errors.bad_request(f"messages: the chat template cannot render them: {err}", "messages") from err
     if not text:
         raise errors.bad_request("messages: the chat template rendered an empty prompt", "messages")
+    check_prompt_size(tokenizer, text, serving.engine.max_model_len, "messages")
     return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}
+
+
+def _prepare(serving: OpenAIServing, body: ChatCompletionRequest, params: SamplingParams, request_id: str,
+             aliases: dict[str, str]) -> list[Request]:
+    """Render, tokenize and validate (on a worker thread for a large body: see offload)."""
+    return serving.process(_render(serving, body), params, request_id, FIELDS, aliases)
 
 
 async def create_chat_completion(serving: OpenAIServing, body: ChatCompletionRequest,
@@ -56,7 +66,7 @@ async def create_chat_completion(serving: OpenAIServing, body: ChatCompletionReq
     aliases = _aliases(body)
     params = serving.sampling_params(body.to_sampling_params, FIELDS, aliases, stream=body.stream)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    requests = serving.process(_render(serving, body), params, request_id, FIELDS, aliases)
+    requests = await run_prepare(_prepare, serving, body, params, request_id, aliases, off_loop=is_large(http))
     submitted = serving.submit([(request_id, requests)], params.n)
     ctx = _Context(request_id, body.model or serving.settings.served_model_name, params.logprobs,
                    body.include_usage())

@@ -9,8 +9,12 @@ from dataclasses import dataclass
 from fastapi.responses import Response
 from starlette.requests import Request as HTTPRequest
 
+from lamina.engine.input_processor import PromptType
+from lamina.engine.request import Request
 from lamina.outputs import CompletionOutput, RequestOutput, SampleLogprobs
+from lamina.sampling_params import SamplingParams
 from lamina.server import errors
+from lamina.server.offload import check_prompt_size, is_large, run_prepare
 from lamina.server.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
                                     dump)
 from lamina.server.serving import (SSE_DONE, ChoiceCursor, Chunk, OpenAIServing, Submitted, finite, merge, sse,
@@ -40,13 +44,26 @@ async def create_completion(serving: OpenAIServing, body: CompletionRequest, htt
     except ValueError as err:
         raise errors.from_value_error(err, FIELDS, ALIASES) from err
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    batch = [(f"{request_id}-{i}", serving.process(p, params, f"{request_id}-{i}", FIELDS, ALIASES))
-             for i, p in enumerate(prompts)]
+    batch = await run_prepare(_prepare, serving, prompts, params, request_id, off_loop=is_large(http))
     submitted = serving.submit(batch, params.n)
     ctx = _Context(request_id, body.model or serving.settings.served_model_name, params.n, body.logprobs,
                    body.echo, body.include_usage(), serving.engine.tokenizer)
     stream = (lambda: _stream(ctx, submitted)) if body.stream else None
     return await serving.respond(submitted, http, stream, lambda outputs: _response(ctx, outputs))
+
+
+def _prepare(serving: OpenAIServing, prompts: list[PromptType], params: SamplingParams,
+             request_id: str) -> list[tuple[str, list[Request]]]:
+    """Every prompt tokenized and validated (on a worker thread for a large body: see offload)."""
+    batch = []
+    for i, prompt in enumerate(prompts):
+        text = prompt if isinstance(prompt, str) else None
+        if isinstance(prompt, dict) and "prompt_token_ids" not in prompt and isinstance(prompt.get("prompt"), str):
+            text = prompt["prompt"]
+        if text is not None:
+            check_prompt_size(serving.engine.tokenizer, text, serving.engine.max_model_len, "prompt")
+        batch.append((f"{request_id}-{i}", serving.process(prompt, params, f"{request_id}-{i}", FIELDS, ALIASES)))
+    return batch
 
 
 def _response(ctx: _Context, outputs: list[RequestOutput]) -> CompletionResponse:
