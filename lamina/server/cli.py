@@ -14,6 +14,7 @@ import argparse
 import logging
 import os
 import socket
+from collections.abc import Callable
 
 from lamina import DEMO_MODEL
 from lamina.cli_args import add_engine_args, engine_kwargs, engine_summary
@@ -42,6 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     server.add_argument("--max-n", type=int, default=16, help="the most parallel samples per request (default: 16)")
     server.add_argument("--max-body-bytes", type=int, default=4 << 20,
                         help="refuse larger request bodies with 413 (default: 4 MiB)")
+    server.add_argument("--shutdown-timeout", type=float, default=30.0,
+                        help="on SIGTERM / Ctrl-C: refuse new requests (503) and wait up to this many seconds for "
+                             "those in flight; what is still running then ends with an error (default: 30)")
     server.add_argument("--uvicorn-log-level", default="info", help="uvicorn's log level (default: info)")
     parser.set_defaults(func=run)
 
@@ -59,7 +63,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     name = args.served_model_name or os.path.basename(os.path.normpath(model))
     return ServerSettings(served_model_name=name, host=args.host, port=args.port, api_key=args.api_key,
                           max_queue=None if args.max_queue == -1 else args.max_queue, max_n=args.max_n,
-                          max_body_bytes=args.max_body_bytes, model_root=model)
+                          max_body_bytes=args.max_body_bytes, model_root=model,
+                          shutdown_timeout=args.shutdown_timeout)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -82,7 +87,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Bind the port, load the model, start the engine thread and serve until interrupted."""
+    """Bind the port, load the model, start the engine thread and serve until a signal (then drain)."""
     from lamina.engine.async_engine import AsyncEngine
     from lamina.llm import LLM
     from lamina.server.app import build_app
@@ -92,9 +97,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         llm_engine = LLM(model=settings.model_root, usage="serve", **engine_kwargs(args)).engine
         logger.info("%s", engine_summary(llm_engine))
+        if llm_engine.tokenizer is not None:
+            _ = llm_engine.tokenizer.max_bytes_per_token  # computed once now, not in the first long request
         engine = AsyncEngine(llm_engine)
         try:
-            _serve(build_app(engine, settings), settings, sock, args.uvicorn_log_level)
+            _serve(build_app(engine, settings), settings, sock, args.uvicorn_log_level, engine.shutdown)
         finally:
             engine.shutdown()
     finally:
@@ -102,13 +109,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve(app: object, settings: ServerSettings, sock: socket.socket, log_level: str) -> None:
+def _serve(app: object, settings: ServerSettings, sock: socket.socket, log_level: str,
+           stop_engine: Callable[[], None]) -> None:
+    """Run uvicorn until SIGTERM / SIGINT, then drain gracefully (lamina.server.shutdown)."""
     import uvicorn
+
+    from lamina.server.shutdown import DrainingServer, ShutdownGate
 
     host, port = settings.host, sock.getsockname()[1]
     logger.info("serving %s on http://%s:%d", settings.served_model_name, host, port)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    gate = ShutdownGate(app)
+    # The drain has already waited for the requests: uvicorn's own grace period only closes connections.
+    config = uvicorn.Config(gate, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    server = DrainingServer(config, gate, settings.shutdown_timeout, stop_engine)
     try:
-        uvicorn.Server(config).run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn re-raises the signal it handled after its graceful shutdown
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises a signal it handled itself (a forced exit)
         pass

@@ -25,6 +25,7 @@ class ServerSettings:
     max_n: int = 16  # the most parallel samples (n) one request may ask for
     max_body_bytes: int = 4 << 20  # larger request bodies get 413
     model_root: str | None = None  # shown as "root" in /v1/models
+    shutdown_timeout: float = 30.0  # seconds a SIGTERM waits for in-flight requests (lamina.server.shutdown)
 
     def __post_init__(self) -> None:
         _require(isinstance(self.served_model_name, str) and bool(self.served_model_name), "served_model_name",
@@ -39,3 +40,5 @@ class ServerSettings:
                  f"must be an integer >= 1, got {self.max_n!r}")
         _require(isinstance(self.max_body_bytes, int) and self.max_body_bytes >= 1024, "max_body_bytes",
                  f"must be an integer >= 1024, got {self.max_body_bytes!r}")
+        _require(isinstance(self.shutdown_timeout, (int, float)) and 0 <= self.shutdown_timeout < float("inf"),
+                 "shutdown_timeout", f"must be a finite number of seconds >= 0, got {self.shutdown_timeout!r}")
