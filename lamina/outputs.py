@@ -50,7 +50,7 @@ class CompletionOutput:
     token_ids: list[int]
     cumulative_logprob: float | None = None
     logprobs: SampleLogprobs | None = None
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" | None while running
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
 
     def finished(self) -> bool:

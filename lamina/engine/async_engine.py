@@ -8,8 +8,10 @@
     RequestStream.__anext__ <-- asyncio.Queue <- loop.call_soon_threadsafe(put)
 
 The LLMEngine is not thread-safe: only the engine thread touches it. The thread sleeps on an Event while
-there is nothing to do (never busy-spins). If a step raises, every in-flight request fails with
-EngineDeadError and later submissions are refused, so no client hangs on a dead engine.
+there is nothing to do (never busy-spins). A request whose step failed (finish_reason "error") ends its
+stream with RequestFailedError; the others go on. If the engine itself breaks (EngineBrokenError: device
+lost, steps failing in a row), every in-flight request fails with EngineDeadError, later submissions are
+refused, and `on_dead` is called (a server exits non-zero there), so no client hangs on a dead engine.
 """
 from __future__ import annotations
 
@@ -34,10 +36,16 @@ logger = logging.getLogger(__name__)
 
 # Called on the engine thread with the whole final output of every request (finished or aborted), any kind.
 FinishedHook = Callable[[RequestOutput], None]
+# Called on the engine thread once the loop has died of an error, after every in-flight request failed.
+DeadHook = Callable[[BaseException], None]
 
 
 class EngineDeadError(RuntimeError):
     """The engine loop stopped (a step raised, or shutdown()); the request cannot complete."""
+
+
+class RequestFailedError(RuntimeError):
+    """This request's part of an engine step raised (finish_reason "error"); the engine goes on."""
 
 
 class RequestStream:
@@ -112,11 +120,13 @@ class _Call:
 class AsyncEngine:
     """Own an LLMEngine and run its step loop in a background thread (started on construction)."""
 
-    def __init__(self, engine: LLMEngine, on_finished: FinishedHook | None = None) -> None:
+    def __init__(self, engine: LLMEngine, on_finished: FinishedHook | None = None,
+                 on_dead: DeadHook | None = None) -> None:
         self.engine = engine
         self.max_model_len = engine.max_model_len
         self.max_num_seqs = engine.config.scheduler_config.max_num_seqs
         self.on_finished = on_finished
+        self.on_dead = on_dead
         self._commands: queue.SimpleQueue[_Add | _Abort | _Call] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopping = False
@@ -141,6 +151,15 @@ class AsyncEngine:
     def num_inflight_seqs(self) -> int:
         """Sequences (n per request) submitted and not yet finished or aborted."""
         return self._num_inflight_seqs
+
+    def queued_seqs_after(self, num_seqs: int) -> int:
+        """Sequences that could not be scheduled for lack of sequence slots or KV blocks if `num_seqs`
+        more were submitted now: those beyond max_num_seqs, or, while the KV cache holds waiting requests
+        back (SchedulerStats.kv_limited), beyond the running ones. Exact in what this side submitted
+        (a hard bound for admission); the engine's side is its latest snapshot."""
+        stats = self._stats
+        capacity = min(stats.num_running, self.max_num_seqs) if stats.kv_limited else self.max_num_seqs
+        return max(0, self._num_inflight_seqs + num_seqs - capacity)
 
     @property
     def is_alive(self) -> bool:
@@ -228,6 +247,8 @@ class AsyncEngine:
             logger.exception("engine loop failed; failing %d in-flight requests", len(self._streams))
             self._dead = err
         self._fail_all(self._death())
+        if self._dead is not None and self.on_dead is not None:
+            self.on_dead(self._dead)
 
     def _drain_commands(self) -> None:
         while True:
@@ -269,8 +290,10 @@ class AsyncEngine:
             stream = self._streams.get(output.request_id)
             if output.finished:
                 self._streams.pop(output.request_id, None)
-            if stream is not None:
-                stream.put(output)
+            if stream is None:
+                continue
+            error = output.extra.get("error") if output.finished else None
+            stream.put(output if error is None else RequestFailedError(error))
 
     def _notify_finished(self, output: RequestOutput) -> None:
         if self.on_finished is None:

@@ -7,6 +7,10 @@
 
 With async scheduling the step launched ahead is the next call's step: its device work overlaps this
 call's host work (reading tokens, stop checks, detokenizing, building outputs).
+
+A step that raises ends its requests with finish_reason "error" (one row's sampling: that request only),
+frees their blocks, and the engine goes on; a lost device or repeated failures raise EngineBrokenError
+(lamina/engine/failures.py).
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 
 from lamina.config import EngineConfig
 from lamina.engine.defaults import fit_to_kv_capacity, log_scheduler_config, resolve_scheduler_config
+from lamina.engine.failures import MAX_FAILED_STEPS, EngineBrokenError, is_fatal
 from lamina.engine.input_processor import InputLimits, InputProcessor, PromptType
 from lamina.engine.interfaces import SchedulerOutput
 from lamina.engine.output_processor import OutputProcessor
@@ -67,6 +72,8 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
         self._inflight: InflightStep | None = None  # launched ahead, not yet processed
+        self._current: SchedulerOutput | None = None  # the step being run (its requests fail if it raises)
+        self._failed_steps = 0  # consecutive
 
     def _eos_token_ids(self) -> frozenset[int]:
         if self.tokenizer is not None:
@@ -107,25 +114,68 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one step and return its outputs. With async_scheduling, the step after it is launched
         first when the scheduler can decide it already (Scheduler.schedule_ahead): the device then
-        computes it while the host turns this step's tokens into outputs."""
+        computes it while the host turns this step's tokens into outputs.
+
+        If the step raises, its requests end with finish_reason "error" (their outputs are returned) and
+        the engine stays usable; EngineBrokenError when the device is lost or steps keep failing."""
+        try:
+            outputs = self._step()
+        except Exception as err:  # noqa: BLE001 - the step's requests get the error, not every request
+            return self._step_failed(err)
+        self._failed_steps = 0
+        return outputs
+
+    def _step(self) -> list[RequestOutput]:
+        self._current = None
         if self._inflight is None:
-            scheduled = self.scheduler.schedule()
+            scheduled = self._current = self.scheduler.schedule()
             if scheduled.is_empty and self.scheduler.has_unfinished_requests() and not self.scheduler.running:
-                raise RuntimeError("scheduler made no progress: no waiting request could be admitted into an "
-                                   "empty engine (this is a bug; please report it)")
+                raise EngineBrokenError("scheduler made no progress: no waiting request could be admitted into "
+                                        "an empty engine (this is a bug; please report it)")
             pending = self.worker.launch(scheduled)
         else:
             scheduled, pending = self._inflight.scheduled, self._inflight.pending
-            self._inflight = None
-        if self.config.async_scheduling:
+            self._current, self._inflight = scheduled, None
+        if self.config.async_scheduling and not pending.failed:  # a failed row has no token to run ahead on
             ahead = self.scheduler.schedule_ahead(scheduled)
             if ahead is not None:
                 self._inflight = InflightStep(ahead, self.worker.launch(ahead, previous=pending))
         changed = self.scheduler.update_from_output(scheduled, pending.result())
+        changed += self._fail_siblings(changed)
         outputs = self.output_processor.process(changed, self._stop_string_found)
         if self._inflight is not None and all(r.is_finished for r in self._inflight.scheduled.requests):
             self._inflight = None  # nothing left in it to wait for (its device work is stream-ordered)
         return outputs
+
+    def _step_failed(self, err: Exception) -> list[RequestOutput]:
+        """End the requests of the failed step (and of the step launched ahead) with the error; raise
+        EngineBrokenError (after that) when the device is lost or too many steps failed in a row."""
+        self._failed_steps += 1
+        logger.error("an engine step failed; its requests end with finish_reason 'error'", exc_info=err)
+        steps = [s for s in (self._current, self._inflight and self._inflight.scheduled) if s is not None]
+        self._current = self._inflight = None
+        requests = list({id(r): r for s in steps for r in s.requests}.values())
+        for request in requests:
+            self.scheduler.fail_request(request.request_id, f"the engine step failed: {err!r}")
+        requests += self._fail_siblings(requests)
+        outputs = self.output_processor.process(requests, self._stop_string_found)
+        if is_fatal(err):
+            raise EngineBrokenError(f"the device failed: {err!r}") from err
+        if self._failed_steps >= MAX_FAILED_STEPS:
+            raise EngineBrokenError(f"{self._failed_steps} steps failed in a row; the last: {err!r}") from err
+        return outputs
+
+    def _fail_siblings(self, requests: list[Request]) -> list[Request]:
+        """The other samples of an n > 1 request one of whose samples failed: the request has failed."""
+        siblings: list[Request] = []
+        for request in requests:
+            if request.status is not RequestStatus.FINISHED_ERROR:
+                continue
+            for sample in self.output_processor.samples_of(request.request_id):
+                if not sample.is_finished:
+                    self.scheduler.fail_request(sample.request_id, request.error or "a sibling sample failed")
+                    siblings.append(sample)
+        return siblings
 
     def _stop_string_found(self, request: Request, stop: str) -> None:
         if request.is_finished:  # ended by length in the same step, but the stop string ended the text

@@ -37,7 +37,10 @@ class SchedulerOutput:
 
 @dataclass
 class ModelRunnerOutput:
-    """Tokens produced this step, only for requests whose scheduled chunk reached the end."""
+    """Tokens produced this step, only for requests whose scheduled chunk reached the end; `failed`: the
+    requests whose own part of the step raised (request_id -> the error), which the scheduler ends with
+    finish_reason "error" while the rest of the batch goes on."""
 
     sampled_token_ids: dict[str, list[int]]
     logprobs: dict[str, list[dict[int, Logprob]]] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)

@@ -74,6 +74,11 @@ class OutputProcessor:
         group = self._groups.get(request_id)
         return [] if group is None else [s.request.request_id for s in group.samples]
 
+    def samples_of(self, sample_id: str) -> list[Request]:
+        """Every sample of the user request that sample `sample_id` belongs to ([] if it is unknown)."""
+        group = self._group_of.get(sample_id)
+        return [] if group is None else [s.request for s in group.samples]
+
     def _make_detokenizer(self, request: Request) -> IncrementalDetokenizer | None:
         if self.tokenizer is None:
             return None
@@ -124,10 +129,11 @@ class OutputProcessor:
         else:
             completions = [self._cumulative(s) for s in group.samples]
         first = group.samples[0].request
+        errors = [s.request.error for s in group.samples if s.request.error is not None]
         return RequestOutput(
             request_id=group.request_id, prompt=first.prompt, prompt_token_ids=first.prompt_token_ids,
             outputs=completions, finished=group.finished, metrics=first.metrics,
-            num_cached_tokens=first.metrics.num_cached_tokens)
+            num_cached_tokens=first.metrics.num_cached_tokens, extra={"error": errors[0]} if errors else {})
 
     @staticmethod
     def _cumulative(sample: _Sample) -> CompletionOutput:

@@ -24,11 +24,15 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"  # a step failed for this request (lamina/engine/failures.py); its blocks are freed
 
     @property
     def finished(self) -> bool:
-        return self is RequestStatus.FINISHED_STOPPED or self is RequestStatus.FINISHED_LENGTH \
-            or self is RequestStatus.FINISHED_ABORTED
+        return self in _FINISHED
+
+
+_FINISHED = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED,
+                       RequestStatus.FINISHED_ERROR})
 
 
 @dataclass(eq=False)
@@ -48,6 +52,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     block_ids: list[int] = field(default_factory=list)  # written by the KV cache manager only
     stop_reason: int | str | None = None
+    error: str | None = None  # why it ended with FINISHED_ERROR
     logprobs: SampleLogprobs | None = None
     cumulative_logprob: float = 0.0
     metrics: RequestMetrics = field(init=False)

@@ -50,6 +50,13 @@ class Scheduler:
         request.stop_reason = stop_reason
         self._free(request, status)
 
+    def fail_request(self, request_id: str, error: str) -> None:
+        """End a request whose part of a step raised (finish_reason "error"); its blocks are freed."""
+        request = self.requests.get(request_id)
+        if request is not None and not request.is_finished:
+            request.error = error
+            self.finish_request(request_id, RequestStatus.FINISHED_ERROR)
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
@@ -61,6 +68,7 @@ class Scheduler:
         num_scheduled: dict[str, int] = {}
         preempted = self._schedule_running(batch, num_scheduled, budget)
         budget -= sum(num_scheduled.values())
+        self.stats.kv_limited = bool(preempted)
         if not preempted:
             self._schedule_waiting(batch, num_scheduled, budget)
         freed, self._freed_ids = self._freed_ids, []
@@ -97,6 +105,7 @@ class Scheduler:
                 continue
             num_new = self._admit(request, budget)
             if num_new == 0:
+                self.stats.kv_limited = True
                 return  # out of KV blocks: keep FCFS order, try again next step
             batch.append(request)
             num_scheduled[request.request_id] = num_new
@@ -197,6 +206,10 @@ class Scheduler:
         for request in scheduler_output.requests:
             if request.is_finished:  # ended while this step ran ahead (stop, abort): its result is void
                 continue
+            if request.request_id in runner_output.failed:
+                self.fail_request(request.request_id, runner_output.failed[request.request_id])
+                changed.append(request)
+                continue
             request.num_computed_tokens += scheduler_output.num_scheduled_tokens[request.request_id]
             tokens = runner_output.sampled_token_ids.get(request.request_id)
             if tokens:
@@ -258,6 +271,7 @@ class Scheduler:
         """Refresh the snapshot's gauges from the queues and the KV cache."""
         stats, kv = self.stats, self.kv
         stats.num_running, stats.num_waiting = len(self.running), len(self.waiting)
+        stats.kv_limited = stats.kv_limited and bool(self.waiting)
         stats.kv_blocks_free = kv.num_free_blocks + kv.num_evictable_blocks
         stats.kv_blocks_used = kv.num_total_blocks - stats.kv_blocks_free
         stats.kv_usage = kv.usage

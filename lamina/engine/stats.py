@@ -10,6 +10,7 @@ class SchedulerStats:
 
     num_running: int = 0
     num_waiting: int = 0
+    kv_limited: bool = False  # the last schedule left a waiting request out (or preempted) for lack of KV blocks
     kv_blocks_used: int = 0
     kv_blocks_free: int = 0  # free list + evictable cached blocks
     kv_usage: float = 0.0  # fraction of usable blocks held by requests

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from lamina.attention.metadata import set_attention_metadata
+from lamina.engine.failures import is_fatal
 from lamina.engine.interfaces import ModelRunnerOutput, SchedulerOutput
 from lamina.engine.request import Request
-from lamina.layers.sampler import LogprobsTensors, Sampler, SamplingMetadata, to_logprob_dicts
+from lamina.layers.sampler import LogprobsTensors, Sampler, SamplerOutput, SamplingMetadata, to_logprob_dicts
 from lamina.layers.sampling_metadata import philox_keys
 from lamina.worker.cuda_graphs import CudaGraphRunner
 from lamina.worker.input_batch import HostBatch, plan_batch, to_device
@@ -39,7 +40,8 @@ def _select_rows(t: torch.Tensor, rows: list[int], device: torch.device) -> torc
 
 @dataclass
 class PendingStep:
-    """A launched step: row i of `sampled` is the token of requests[i], still on the device.
+    """A launched step: row i of `sampled` is the token of requests[i], still on the device; `failed`:
+    the requests whose sampling raised (request_id -> error), in no row.
 
     The copies to the host are queued right behind the step's own work, before any later step is
     launched, so `result()` waits for this step only, not for the one launched after it.
@@ -48,6 +50,7 @@ class PendingStep:
     requests: list[Request]
     sampled: torch.Tensor | None  # [S] int64 on the device; None when no request samples
     logprobs: LogprobsTensors | None = None
+    failed: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._host_sampled = None if self.sampled is None else _to_host(self.sampled)
@@ -69,7 +72,7 @@ class PendingStep:
     def result(self) -> ModelRunnerOutput:
         """Wait for the step and return its tokens (and logprobs) on the host."""
         if self._host_sampled is None:
-            return ModelRunnerOutput(sampled_token_ids={})
+            return ModelRunnerOutput(sampled_token_ids={}, failed=self.failed)
         if self._done is not None:
             self._done.synchronize()
         token_ids = self._host_sampled.tolist()
@@ -79,7 +82,7 @@ class PendingStep:
             rows = to_logprob_dicts(self._host_logprobs, token_ids,
                                     [r.sampling_params.logprobs for r in self.requests])
             logprobs = {r.request_id: [row] for r, row in zip(self.requests, rows) if row is not None}
-        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, failed=self.failed)
 
 
 class ModelRunner:
@@ -110,11 +113,42 @@ class ModelRunner:
         if not host.sampling_requests:
             return PendingStep([], None)
         logits = self.model.compute_logits(hidden)
-        requests = host.sampling_requests
-        metadata = SamplingMetadata.from_requests(requests, self._generators_for(requests), self.vocab_size,
-                                                  self.device, self._philox_keys(host))
-        out = self.sampler(logits, metadata)
+        requests, keys = host.sampling_requests, self._philox_keys(host)
+        try:
+            out = self._sample(logits, requests, keys)
+        except Exception as err:  # noqa: BLE001 - one row's failure must not fail the batch
+            if is_fatal(err):
+                raise
+            return self._sample_isolating(logits, requests, keys, err)
         return PendingStep(requests, out.sampled_token_ids, out.logprobs)
+
+    def _sample(self, logits: torch.Tensor, requests: list[Request], keys: list[int] | None) -> SamplerOutput:
+        metadata = SamplingMetadata.from_requests(requests, self._generators_for(requests), self.vocab_size,
+                                                  self.device, keys)
+        return self.sampler(logits, metadata)
+
+    def _sample_isolating(self, logits: torch.Tensor, requests: list[Request], keys: list[int] | None,
+                          err: Exception) -> PendingStep:
+        """The batch's sampling raised: the rows that raise alone fail (PendingStep.failed), the others are
+        sampled together again. If no row raises alone the batch is at fault: `err` is raised again.
+        (Only on this path, a seeded row's CPU generator may advance more than once for one token.)"""
+        failed: dict[str, str] = {}
+        for row, request in enumerate(requests):
+            try:
+                self._sample(logits[row:row + 1], [request], None if keys is None else keys[row:row + 1])
+            except Exception as row_err:  # noqa: BLE001 - this row's request ends with the error
+                if is_fatal(row_err):
+                    raise
+                failed[request.request_id] = f"sampling failed: {row_err!r}"
+        if not failed:
+            raise err
+        rows = [i for i, r in enumerate(requests) if r.request_id not in failed]
+        if not rows:
+            return PendingStep([], None, failed=failed)
+        kept = [requests[i] for i in rows]
+        out = self._sample(_select_rows(logits, rows, self.device), kept,
+                           None if keys is None else [keys[i] for i in rows])
+        return PendingStep(kept, out.sampled_token_ids, out.logprobs, failed=failed)
 
     def _ahead_input_ids(self, scheduled: SchedulerOutput, previous: PendingStep | None) -> torch.Tensor:
         """The tokens `previous` samples for the requests of a decode_ahead step, in batch order."""
@@ -146,9 +180,12 @@ class ModelRunner:
 
     def _generators_for(self, requests: list[Request]) -> dict[str, torch.Generator]:
         """A request with a seed owns a generator for its whole life (so its samples do not
-        depend on what it is batched with); it is created the first time the request samples."""
+        depend on what it is batched with); it is created the first time the request samples.
+        Any integer is a seed: torch takes 64 bits, so it gets `seed mod 2**64` (the key the CUDA
+        sampling kernel uses too, lamina.layers.sampling_metadata.philox_keys; the same generator as
+        before for every seed in [-2**63, 2**64))."""
         for request in requests:
             seed = request.sampling_params.seed
             if seed is not None and request.request_id not in self._generators:
-                self._generators[request.request_id] = torch.Generator(self.device).manual_seed(seed)
+                self._generators[request.request_id] = torch.Generator(self.device).manual_seed(seed % 2**64)
         return self._generators
