@@ -60,6 +60,19 @@ class EngineStreamingResponse(StreamingResponse):
             self._submitted.close()
 
 
+class QueueFull(errors.APIError):
+    """429: the queue of requests that cannot be scheduled is at --max-queue; answered with Retry-After."""
+
+    RETRY_AFTER_S = 1  # a slot frees up as soon as any running request finishes
+
+    def __init__(self, max_queue: int) -> None:
+        full = errors.queue_full(max_queue)
+        super().__init__(full.status, full.message, full.type, full.param, full.code)
+
+    def response(self, headers: Mapping[str, str] | None = None) -> JSONResponse:
+        return super().response({"Retry-After": str(self.RETRY_AFTER_S), **(headers or {})})
+
+
 class OpenAIServing:
     """The request pipeline both POST endpoints run (see the module docstring)."""
 
@@ -110,13 +123,13 @@ class OpenAIServing:
                 param="max_tokens", code="context_length_exceeded")
 
     def admit(self, num_seqs: int) -> None:
-        """429 when this request would make the waiting queue longer than max_queue."""
+        """429 (with Retry-After) when this request would leave more than max_queue sequences unable to
+        run for lack of sequence slots or KV blocks. Requests merely waiting for their prefill turn do
+        not count; the bound is hard: admit and submit run back to back on the event loop, and the
+        count moves with every submission (AsyncEngine.queued_seqs_after)."""
         limit = self.settings.max_queue
-        if limit is None:
-            return
-        over_capacity = self.engine.num_inflight_seqs + num_seqs - self.engine.max_num_seqs
-        if max(over_capacity, self.engine.get_stats().num_waiting) > limit:
-            raise errors.queue_full(limit)
+        if limit is not None and self.engine.queued_seqs_after(num_seqs) > limit:
+            raise QueueFull(limit)
 
     def submit(self, batch: list[tuple[str, list[Request]]], n: int) -> Submitted:
         self.admit(sum(len(requests) for _, requests in batch))
