@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from lamina.cli_output import stream_request
@@ -45,6 +45,15 @@ def reply_reserve(max_tokens: int | None, max_model_len: int) -> int:
     """Tokens kept free for the reply when fitting the history into the context."""
     half = max_model_len // 2
     return half if max_tokens is None else min(max_tokens, half)
+
+
+def reply_params(params: SamplingParams, num_prompt_tokens: int, max_model_len: int) -> SamplingParams:
+    """`params` with max_tokens lowered to the room the context has left (the engine refuses a request whose
+    prompt + max_tokens exceeds max_model_len; the chat chooses to answer shorter instead)."""
+    room = max_model_len - num_prompt_tokens
+    if params.max_tokens is None or params.max_tokens <= room:
+        return params
+    return replace(params, max_tokens=room, min_tokens=min(params.min_tokens, room))
 
 
 def _prompt_ids(tokenizer: Tokenizer, history: ChatHistory) -> list[int]:
@@ -95,6 +104,7 @@ def chat_loop(llm: LLM, params: SamplingParams, system: str | None) -> int:
             print(f"lamina chat: this message is too long: {len(ids)} prompt tokens leave no room for a reply "
                   f"(max_model_len {max_model_len}); not sent", file=sys.stderr, flush=True)
             continue
-        output = stream_request(llm, {"prompt_token_ids": ids}, params, sys.stdout)
+        output = stream_request(llm, {"prompt_token_ids": ids}, reply_params(params, len(ids), max_model_len),
+                                sys.stdout)
         history.turns.append({"role": "assistant", "content": output.outputs[0].text})
     return 0

@@ -9,7 +9,7 @@ from typing import Union
 
 from lamina.engine.request import Request
 from lamina.loader.tokenizer import Tokenizer
-from lamina.sampling_params import SamplingParams
+from lamina.sampling_params import SamplingParams, first_invalid_char, valid_text
 
 # A prompt is a string, or vLLM's dict forms {"prompt": str} / {"prompt_token_ids": [int, ...]}.
 PromptType = Union[str, dict]
@@ -36,7 +36,10 @@ class InputProcessor:
             if "prompt_token_ids" in prompt:
                 ids = prompt["prompt_token_ids"]
                 self._check_token_ids(ids)
-                return prompt.get("prompt"), list(ids)
+                text = prompt.get("prompt")
+                if text is not None:
+                    _check_text(text)
+                return text, list(ids)
             if isinstance(prompt.get("prompt"), str):
                 return prompt["prompt"], self._encode(prompt["prompt"])
         raise ValueError("prompt: must be a string, {'prompt': str} or {'prompt_token_ids': [int, ...]}, "
@@ -46,6 +49,7 @@ class InputProcessor:
         if self.tokenizer is None:
             raise ValueError("prompt: text prompts need a tokenizer (skip_tokenizer_init=True was set); "
                              "pass {'prompt_token_ids': [...]} instead")
+        _check_text(text)
         if not text:
             raise ValueError("prompt: must not be empty")
         return self.tokenizer.encode(text)
@@ -64,6 +68,12 @@ class InputProcessor:
         if num_prompt_tokens >= limits.max_model_len:
             raise ValueError(f"prompt: {num_prompt_tokens} tokens leave no room for output; the prompt "
                              f"must be shorter than max_model_len ({limits.max_model_len})")
+        if params.max_tokens is not None and num_prompt_tokens + params.max_tokens > limits.max_model_len:
+            raise ValueError(
+                f"max_tokens: this model's maximum context length is {limits.max_model_len} tokens "
+                f"(max_model_len); the request asks for {num_prompt_tokens + params.max_tokens} "
+                f"({num_prompt_tokens} in the prompt, {params.max_tokens} in the completion). Lower max_tokens "
+                f"(at most {limits.max_model_len - num_prompt_tokens}) or set it to None (the rest of the context)")
         if params.logprobs is not None and params.logprobs > limits.max_logprobs:
             raise ValueError(f"logprobs: {params.logprobs} is above the limit of {limits.max_logprobs} "
                              "(max_logprobs)")
@@ -89,3 +99,11 @@ class InputProcessor:
                 eos_token_ids=self.eos_token_ids, prompt=text,
                 parent=requests[0] if requests else None, sample_index=index, **extra))
         return requests
+
+
+def _check_text(text: object) -> None:
+    """Prompt text the tokenizer can take: a str of valid Unicode (a lone surrogate makes it raise TypeError)."""
+    if not isinstance(text, str):
+        raise ValueError(f"prompt: must be a string, got {type(text).__name__}")
+    if not valid_text(text):
+        raise ValueError(f"prompt: must be valid Unicode text, got {first_invalid_char(text)}")
