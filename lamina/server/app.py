@@ -3,27 +3,25 @@
     POST /v1/completions, POST /v1/chat/completions   (stream: true -> server-sent events, then [DONE])
     GET  /v1/models, GET /health, GET /metrics
 
-Bodies are read and parsed here, not by FastAPI, so that an oversized body (413), malformed JSON and a
+Bodies are read and parsed by body.py, not by FastAPI, so that an oversized body (413), malformed JSON and a
 wrongly typed field all come back as OpenAI error bodies naming the field. With an api_key, /v1/* needs
 "Authorization: Bearer <key>" (compared in constant time); /health and /metrics stay open, as in vLLM.
 """
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request as HTTPRequest
 
 from lamina.engine.async_engine import AsyncEngine
 from lamina.server import errors
+from lamina.server.body import parse_body
 from lamina.server.chat import create_chat_completion
 from lamina.server.completions import create_completion
 from lamina.server.metrics import ServerMetrics
@@ -33,8 +31,6 @@ from lamina.server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 
-Model = TypeVar("Model", bound=BaseModel)
-_DRAIN_FACTOR = 16  # an oversized body is read (and dropped) up to this many limits, then the socket closes
 
 
 def build_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
@@ -95,39 +91,6 @@ def _api_key_check(api_key: str | None) -> Callable[[HTTPRequest], Awaitable[Non
             raise errors.invalid_api_key()
 
     return check
-
-
-async def read_limited(request: HTTPRequest, limit: int) -> bytes:
-    """The body, or 413 when it is longer than `limit` bytes."""
-    declared = request.headers.get("content-length", "")
-    too_large = declared.isdigit() and int(declared) > limit
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            too_large = True
-        if size > limit * _DRAIN_FACTOR:
-            break  # stop reading: the connection closes with the 413
-        if not too_large:
-            chunks.append(chunk)
-    if too_large:
-        raise errors.body_too_large(limit)
-    return b"".join(chunks)
-
-
-async def parse_body(request: HTTPRequest, model: type[Model], limit: int) -> Model:
-    """Read, decode and validate a JSON body; every failure is a 4xx with an OpenAI error body."""
-    raw = await read_limited(request, limit)
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise errors.bad_request(f"the request body is not valid JSON: {err}") from err
-    if not isinstance(data, dict):
-        raise errors.bad_request(f"the request body must be a JSON object, got {type(data).__name__}")
-    try:
-        return model.model_validate(data)
-    except ValidationError as err:
-        raise errors.from_pydantic_errors(err.errors(include_url=False)) from err
 
 
 def _add_error_handlers(app: FastAPI) -> None:

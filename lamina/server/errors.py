@@ -20,6 +20,7 @@ class APIError(Exception):
 
     def __init__(self, status: int, message: str, type: str = INVALID_REQUEST, param: str | None = None,
                  code: str | None = None) -> None:
+        message, param = _printable(message), None if param is None else _printable(param)
         super().__init__(message)
         self.status = status
         self.message = message
@@ -32,6 +33,12 @@ class APIError(Exception):
 
     def response(self, headers: Mapping[str, str] | None = None) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=dict(headers or {}))
+
+
+def _printable(text: str) -> str:
+    """`text` as valid Unicode: a lone surrogate a client sent (JSON's \\ud800) would make the body (and a log
+    line) fail to encode, so it is shown as the escape it came in as."""
+    return text.encode("utf-8", errors="backslashreplace").decode("utf-8")
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -55,6 +62,12 @@ def queue_full(max_queue: int) -> APIError:
 def body_too_large(limit: int) -> APIError:
     return APIError(413, f"The request body is larger than the limit of {limit} bytes.",
                     code="request_too_large")
+
+
+def client_disconnected() -> APIError:
+    """The client left before sending its whole body: nothing to answer (the send is dropped), nothing to log."""
+    return APIError(499, "the client disconnected before sending the whole request body",
+                    code="client_disconnected")
 
 
 def engine_dead(message: str) -> APIError:
@@ -83,4 +96,5 @@ def from_pydantic_errors(errors: list[dict]) -> APIError:
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
     loc = [str(part) for part in first.get("loc", ()) if part != "body"]
     where = f"{'.'.join(loc)}: " if loc else ""
-    return bad_request(f"{where}{first.get('msg', 'invalid value')}", param=loc[0] if loc else None)
+    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    return bad_request(f"{where}{message}", param=loc[0] if loc else None)

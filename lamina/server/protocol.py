@@ -1,29 +1,32 @@
 """OpenAI request and response models (OpenAI's field names; vLLM's extra sampling fields accepted).
 
 Range checks are left to SamplingParams, so an error names the same field whether it came from the
-offline API or the server; these models only fix types and shapes.
+offline API or the server; these models only fix types and shapes, strictly (JSON types matter: `true` is
+not an integer, `"1"` is not a number). A parameter that would change the answer if honoured but is not
+implemented (UNSUPPORTED) is a 400 naming it unless it holds its "off" value; other unknown fields are
+ignored (app.py logs them once), as in vLLM.
 """
 from __future__ import annotations
 
 import time
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 from lamina.sampling_params import SamplingParams
+from lamina.server.unsupported import Strict as _Strict
+from lamina.server.unsupported import Unsupported as _Unsupported
 
 # A completions prompt: text, a batch of texts, token ids, or a batch of token-id lists.
 PromptInput = Union[str, list[str], list[int], list[list[int]]]
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class _SamplingRequest(BaseModel):
+class _SamplingRequest(_Unsupported):
     """Fields shared by /v1/completions and /v1/chat/completions."""
-
-    model_config = ConfigDict(extra="ignore")
 
     model: str | None = None  # None: the served model
     n: int = 1
@@ -36,7 +39,6 @@ class _SamplingRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = None  # None: the rest of the context (chat; completions default to 16)
-    logit_bias: dict[str, float] | None = None  # accepted for compatibility; must be empty
     user: str | None = None
     # vLLM's extra sampling fields
     top_k: int = 0
@@ -61,10 +63,6 @@ class _SamplingRequest(BaseModel):
             ignore_eos=self.ignore_eos, max_tokens=max_tokens, min_tokens=self.min_tokens, logprobs=logprobs,
             skip_special_tokens=self.skip_special_tokens)
 
-    def _check_unsupported(self) -> None:
-        if self.logit_bias:
-            raise ValueError("logit_bias: is not supported; send null or {}")
-
 
 class CompletionRequest(_SamplingRequest):
     prompt: PromptInput
@@ -75,7 +73,6 @@ class CompletionRequest(_SamplingRequest):
     best_of: int | None = None
 
     def to_sampling_params(self) -> SamplingParams:
-        self._check_unsupported()
         if self.suffix:
             raise ValueError("suffix: is not supported; send null")
         if self.best_of is not None and self.best_of != self.n:
@@ -96,17 +93,24 @@ class CompletionRequest(_SamplingRequest):
         return [p if isinstance(p, str) else {"prompt_token_ids": list(p)} for p in prompt]
 
 
-class TextPart(BaseModel):
+class TextPart(_Strict):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class ChatMessage(_Strict):
     role: str
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: Any = None  # not supported: a conversation with tool calls would be rendered without them
+    function_call: Any = None
+
+    @field_validator("tool_calls", "function_call", mode="after")
+    @classmethod
+    def _no_tools(cls, value: Any, info: ValidationInfo) -> Any:
+        if value not in (None, []):
+            raise ValueError("is not supported by this server (no tool calling); send null or leave it out")
+        return value
 
     def to_template_dict(self) -> dict:
         content = self.content
@@ -123,7 +127,6 @@ class ChatCompletionRequest(_SamplingRequest):
     add_generation_prompt: bool = True
 
     def to_sampling_params(self) -> SamplingParams:
-        self._check_unsupported()
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs: needs logprobs=true")
         if self.top_logprobs is not None and self.top_logprobs < 0:
