@@ -14,6 +14,8 @@ import argparse
 import logging
 import os
 import socket
+import sys
+import threading
 from collections.abc import Callable
 
 from lamina import DEMO_MODEL
@@ -99,18 +101,23 @@ def run(args: argparse.Namespace) -> int:
         logger.info("%s", engine_summary(llm_engine))
         if llm_engine.tokenizer is not None:
             _ = llm_engine.tokenizer.max_bytes_per_token  # computed once now, not in the first long request
-        engine = AsyncEngine(llm_engine)
+        died = threading.Event()
+        engine = AsyncEngine(llm_engine, on_dead=lambda _err: died.set())
         try:
-            _serve(build_app(engine, settings), settings, sock, args.uvicorn_log_level, engine.shutdown)
+            _serve(build_app(engine, settings), settings, sock, args.uvicorn_log_level, engine.shutdown, died)
         finally:
             engine.shutdown()
     finally:
         sock.close()
+    if died.is_set():
+        print("lamina serve: error: the engine died (see the log above); exiting so that a supervisor can "
+              "restart the server", file=sys.stderr)
+        return 1
     return 0
 
 
 def _serve(app: object, settings: ServerSettings, sock: socket.socket, log_level: str,
-           stop_engine: Callable[[], None]) -> None:
+           stop_engine: Callable[[], None], engine_died: threading.Event) -> None:
     """Run uvicorn until SIGTERM / SIGINT, then drain gracefully (lamina.server.shutdown)."""
     import uvicorn
 
@@ -121,7 +128,7 @@ def _serve(app: object, settings: ServerSettings, sock: socket.socket, log_level
     gate = ShutdownGate(app)
     # The drain has already waited for the requests: uvicorn's own grace period only closes connections.
     config = uvicorn.Config(gate, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
-    server = DrainingServer(config, gate, settings.shutdown_timeout, stop_engine)
+    server = DrainingServer(config, gate, settings.shutdown_timeout, stop_engine, engine_died)
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises a signal it handled itself (a forced exit)

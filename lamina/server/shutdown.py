@@ -6,13 +6,16 @@
               (a stream with an error event, then [DONE]; a plain request with a 503 body), never silently
            -> uvicorn closes the sockets and `lamina serve` exits 0
 
-A second signal during the drain stops at once (uvicorn's forced exit).
+A second signal during the drain stops at once (uvicorn's forced exit). A dead engine (`engine_died` set
+by AsyncEngine's on_dead, after it failed every in-flight request) stops the server at once too, and
+`lamina serve` then exits non-zero, so a supervisor restarts it (vLLM's behaviour).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import signal
+import threading
 import time
 from collections.abc import Callable
 from types import FrameType
@@ -67,11 +70,12 @@ class DrainingServer(uvicorn.Server):
     """uvicorn.Server whose first SIGTERM / SIGINT drains (see the module docstring) instead of cutting."""
 
     def __init__(self, config: uvicorn.Config, gate: ShutdownGate, timeout: float,
-                 stop_engine: Callable[[], None]) -> None:
+                 stop_engine: Callable[[], None], engine_died: threading.Event | None = None) -> None:
         super().__init__(config)
         self.gate = gate
         self.timeout = timeout
         self.stop_engine = stop_engine
+        self.engine_died = engine_died
         self.drain_requested = False
         self._drain: asyncio.Task | None = None
 
@@ -83,6 +87,9 @@ class DrainingServer(uvicorn.Server):
         self.drain_requested = True  # on_tick starts the drain on the event loop
 
     async def on_tick(self, counter: int) -> bool:
+        if self.engine_died is not None and self.engine_died.is_set() and not self.should_exit:
+            logger.error("the engine died: stopping the server (its requests have failed)")
+            self.gate.closed = self.should_exit = True
         if self.drain_requested and self._drain is None:
             self._drain = asyncio.ensure_future(self.drain())
         return await super().on_tick(counter)
