@@ -10,7 +10,7 @@ call's host work (reading tokens, stop checks, detokenizing, building outputs).
 
 A step that raises ends its requests with finish_reason "error" (one row's sampling: that request only),
 frees their blocks, and the engine goes on; a lost device or repeated failures raise EngineBrokenError
-(lamina/engine/failures.py).
+(lamina/failures.py).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from lamina.config import EngineConfig
 from lamina.engine.defaults import fit_to_kv_capacity, log_scheduler_config, resolve_scheduler_config
-from lamina.engine.failures import MAX_FAILED_STEPS, EngineBrokenError, is_fatal
+from lamina.failures import MAX_FAILED_STEPS, EngineBrokenError, is_fatal
 from lamina.engine.input_processor import InputLimits, InputProcessor, PromptType
 from lamina.engine.interfaces import SchedulerOutput
 from lamina.engine.output_processor import OutputProcessor

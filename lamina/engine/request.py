@@ -24,7 +24,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
-    FINISHED_ERROR = "error"  # a step failed for this request (lamina/engine/failures.py); its blocks are freed
+    FINISHED_ERROR = "error"  # a step failed for this request (lamina/failures.py); its blocks are freed
 
     @property
     def finished(self) -> bool:

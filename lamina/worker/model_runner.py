@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from lamina.attention.metadata import set_attention_metadata
-from lamina.engine.failures import is_fatal
+from lamina.failures import is_fatal
 from lamina.engine.interfaces import ModelRunnerOutput, SchedulerOutput
 from lamina.engine.request import Request
 from lamina.layers.sampler import LogprobsTensors, Sampler, SamplerOutput, SamplingMetadata, to_logprob_dicts

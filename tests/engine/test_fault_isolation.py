@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lamina import LLM, RequestOutputKind, SamplingParams
-from lamina.engine.failures import MAX_FAILED_STEPS, EngineBrokenError, is_fatal
+from lamina.failures import MAX_FAILED_STEPS, EngineBrokenError, is_fatal
 from tests.helpers.tiny_models import make_tiny_model
 from tests.helpers.tiny_tokenizer import save_tiny_tokenizer
 
