@@ -15,7 +15,6 @@ refused, and `on_dead` is called (a server exits non-zero there), so no client h
 """
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import dataclasses
 import logging
@@ -27,6 +26,7 @@ from typing import Any
 from lamina.engine.engine import LLMEngine
 from lamina.engine.input_processor import PromptType
 from lamina.engine.request import Request
+from lamina.engine.request_stream import EngineDeadError, RequestFailedError, RequestStream
 from lamina.engine.stats import SchedulerStats
 from lamina.loader.tokenizer import Tokenizer
 from lamina.outputs import RequestOutput
@@ -38,65 +38,6 @@ logger = logging.getLogger(__name__)
 FinishedHook = Callable[[RequestOutput], None]
 # Called on the engine thread once the loop has died of an error, after every in-flight request failed.
 DeadHook = Callable[[BaseException], None]
-
-
-class EngineDeadError(RuntimeError):
-    """The engine loop stopped (a step raised, or shutdown()); the request cannot complete."""
-
-
-class RequestFailedError(RuntimeError):
-    """This request's part of an engine step raised (finish_reason "error"); the engine goes on."""
-
-
-class RequestStream:
-    """Async iterator over one request's RequestOutputs (in its output_kind); ends after the finished one.
-
-    close() aborts the request if it has not finished (a client that went away).
-    """
-
-    def __init__(self, request_id: str, owner: AsyncEngine, num_seqs: int) -> None:
-        self.request_id = request_id
-        self.num_seqs = num_seqs
-        self._owner = owner
-        self._loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        self._done = False
-
-    def put(self, item: RequestOutput | BaseException) -> None:
-        """Hand an output or an error to the consumer (called from the engine thread)."""
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
-        except RuntimeError:  # the event loop is closed: nobody is listening any more
-            pass
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self._done:
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if isinstance(item, BaseException):
-            self._finish()
-            raise item
-        if item.finished:
-            self._finish()
-        return item
-
-    @property
-    def finished(self) -> bool:
-        return self._done
-
-    def close(self) -> None:
-        """Abort the request unless it already finished; safe to call more than once."""
-        if not self._done:
-            self._finish()
-            self._owner.abort(self.request_id)
-
-    def _finish(self) -> None:
-        if not self._done:
-            self._done = True
-            self._owner._release(self)
 
 
 @dataclasses.dataclass
@@ -227,7 +168,7 @@ class AsyncEngine:
             self._commands.put(command)
         self._wake.set()
 
-    def _release(self, stream: RequestStream) -> None:
+    def release(self, stream: RequestStream) -> None:
         self._num_inflight_seqs -= stream.num_seqs
 
     # ---- engine thread ------------------------------------------------------------------------------

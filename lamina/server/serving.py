@@ -18,7 +18,8 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from lamina.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
+from lamina.engine.async_engine import AsyncEngine
+from lamina.engine.request_stream import EngineDeadError, RequestStream
 from lamina.engine.input_processor import PromptType
 from lamina.engine.request import Request
 from lamina.outputs import CompletionOutput, Logprob, RequestOutput, SampleLogprobs
@@ -110,17 +111,7 @@ class OpenAIServing:
             if "max_model_len" in api_error.message:
                 api_error.code = "context_length_exceeded"
             raise api_error from err
-        self._check_context(len(requests[0].prompt_token_ids), params.max_tokens)
         return requests
-
-    def _check_context(self, num_prompt_tokens: int, max_tokens: int | None) -> None:
-        limit = self.engine.max_model_len
-        if max_tokens is not None and num_prompt_tokens + max_tokens > limit:
-            raise errors.bad_request(
-                f"max_tokens: this model's maximum context length is {limit} tokens; the request asks for "
-                f"{num_prompt_tokens + max_tokens} ({num_prompt_tokens} in the prompt, {max_tokens} in the "
-                f"completion). Lower max_tokens (at most {limit - num_prompt_tokens}) or leave it unset.",
-                param="max_tokens", code="context_length_exceeded")
 
     def admit(self, num_seqs: int) -> None:
         """429 (with Retry-After) when this request would leave more than max_queue sequences unable to

@@ -7,7 +7,8 @@ import time
 import pytest
 
 from lamina import LLM, SamplingParams
-from lamina.engine.async_engine import AsyncEngine, EngineDeadError
+from lamina.engine.async_engine import AsyncEngine
+from lamina.engine.request_stream import EngineDeadError
 from tests.server.harness import StepGate, make_engine, wait_until
 
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from lamina import SamplingParams
-from lamina.engine.async_engine import AsyncEngine, EngineDeadError
+from lamina.engine.async_engine import AsyncEngine
+from lamina.engine.request_stream import EngineDeadError
 from tests.server.harness import MODEL_NAME, RunningServer, make_engine, scrape, start_server, wait_until
 
 MARKED = 0.77  # the temperature of the request the fake sampler fails on
