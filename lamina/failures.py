@@ -5,7 +5,8 @@
     one request's own part (its sampling    that request ends with finish_reason "error", its KV blocks are
     row, its generator)                     freed; the rest of the batch goes on (ModelRunnerOutput.failed)
     the whole step (the forward raised,     every request of the step ends with "error", blocks freed; the
-    e.g. device out of memory)              engine takes the next step
+    e.g. device out of memory)              engine takes the next step (nothing is retried or split: one
+                                            oversized prefill fails the decodes batched with it too)
     the device is lost (a CUDA error), or   EngineBrokenError: the engine cannot go on. The AsyncEngine fails
     MAX_FAILED_STEPS steps fail in a row    every in-flight request and a server exits non-zero (vLLM's way)
 """
@@ -29,6 +30,6 @@ def is_fatal(err: BaseException) -> bool:
     if not isinstance(err, Exception) or isinstance(err, EngineBrokenError):
         return True  # KeyboardInterrupt, SystemExit, ...
     if isinstance(err, torch.OutOfMemoryError):
-        return False  # the step asked for too much; smaller batches will run
+        return False  # this step asked for too much; the next steps, without its requests, may fit
     message = str(err)
     return isinstance(err, RuntimeError) and any(marker in message for marker in _DEVICE_LOST)

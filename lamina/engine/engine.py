@@ -158,7 +158,10 @@ class LLMEngine:
         for request in requests:
             self.scheduler.fail_request(request.request_id, f"the engine step failed: {err!r}")
         requests += self._fail_siblings(requests)
-        outputs = self.output_processor.process(requests, self._stop_string_found)
+        try:
+            outputs = self.output_processor.process(requests, self._stop_string_found)
+        except Exception as again:  # noqa: BLE001 - the failed requests cannot even be reported
+            raise EngineBrokenError(f"reporting a failed step failed too: {again!r}") from err
         if is_fatal(err):
             raise EngineBrokenError(f"the device failed: {err!r}") from err
         if self._failed_steps >= MAX_FAILED_STEPS:

@@ -96,13 +96,14 @@ class OutputProcessor:
                 continue
             self._detokenize(group.samples[request.sample_index], on_stop)
             touched[group.request_id] = group
-        outputs: list[RequestOutput] = []
-        for group in touched.values():
-            if group.kind is not RequestOutputKind.FINAL_ONLY or group.finished:
-                outputs.append(self._make_output(group))
-            if group.finished:
-                self._finish(group, outputs[-1])
-        return outputs
+        # Every output is built before any group is forgotten: if building one raises, no request has
+        # finished unseen (the engine then fails this step's requests, lamina/failures.py).
+        built = [(group, self._make_output(group)) for group in touched.values()
+                 if group.kind is not RequestOutputKind.FINAL_ONLY or group.finished]
+        finals = [(group, self._complete(group, output)) for group, output in built if group.finished]
+        for group, final in finals:
+            self._finish(group, final)
+        return [output for _, output in built]
 
     def _detokenize(self, sample: _Sample, on_stop: StopCallback) -> None:
         request, detok = sample.request, sample.detokenizer
@@ -165,15 +166,22 @@ class OutputProcessor:
         if group is None:
             return None
         output = self._make_output(group)
-        self._finish(group, output)
+        self._finish(group, self._complete(group, output))
         return output
 
-    def _finish(self, group: _Group, last: RequestOutput) -> None:
-        """Report the complete final output and forget the group. Only a DELTA group needs it built
-        (once, O(n): streaming stays linear)."""
-        if self.on_finished is not None:
-            complete = last.finished and group.kind is not RequestOutputKind.DELTA
-            self.on_finished(last if complete else self._make_output(group, RequestOutputKind.FINAL_ONLY))
+    def _complete(self, group: _Group, last: RequestOutput) -> RequestOutput | None:
+        """The complete final output of a finished group for on_finished (None: nobody listens). Only a
+        DELTA group needs it built (once, O(n): streaming stays linear)."""
+        if self.on_finished is None:
+            return None
+        if last.finished and group.kind is not RequestOutputKind.DELTA:
+            return last
+        return self._make_output(group, RequestOutputKind.FINAL_ONLY)
+
+    def _finish(self, group: _Group, final: RequestOutput | None) -> None:
+        """Report the complete final output and forget the group."""
+        if self.on_finished is not None and final is not None:
+            self.on_finished(final)
         self._groups.pop(group.request_id, None)
         for sample in group.samples:
             self._group_of.pop(sample.request.request_id, None)

@@ -18,7 +18,8 @@ class StreamOwner(Protocol):
 
 
 class EngineDeadError(RuntimeError):
-    """The engine loop stopped (a step raised, or shutdown()); the request cannot complete."""
+    """The engine loop stopped (the engine broke: lamina/failures.py, or shutdown()); the request cannot
+    complete."""
 
 
 class RequestFailedError(RuntimeError):

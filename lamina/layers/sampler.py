@@ -17,8 +17,9 @@ The sets kept (ties always stay together; the top token always stays):
     top-p   the mass of the tokens strictly more likely than j (after top-k) is below p
     min-p   p_j >= min_p * max p
 
-CUDA logits with per-row Philox keys (`SamplingMetadata.seeds`) go to one Triton kernel that samples
-these same sets without sorting (lamina/kernels/sampling.py); the torch functions here are its oracle.
+When the model runner keys the rows for it (`SamplingMetadata.seeds`: CUDA with triton,
+`uses_sampling_kernel`), one Triton kernel samples these same sets without sorting
+(lamina/kernels/sampling.py); the torch functions here are its oracle.
 """
 from __future__ import annotations
 
@@ -76,9 +77,8 @@ class Sampler(nn.Module):
     def _sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
         if metadata.all_greedy:
             return logits.argmax(dim=-1)
-        kernels = sampling_kernels_for(logits)
-        if kernels is not None and metadata.seeds is not None:
-            return sample_with_kernel(kernels, logits, metadata)
+        if metadata.seeds is not None:  # the caller chose the kernel (uses_sampling_kernel) and keyed the rows
+            return sample_with_kernel(_load_sampling_kernels(), logits, metadata)
         probs = random_probs(logits, metadata)
         random = exponential_race(probs, metadata.generators, self.generator)
         if metadata.all_random:
@@ -95,9 +95,9 @@ def _load_sampling_kernels() -> ModuleType | None:
     return sampling
 
 
-def sampling_kernels_for(logits: torch.Tensor) -> ModuleType | None:
-    """lamina.kernels.sampling for CUDA logits when triton imports (tried once), else None."""
-    return _load_sampling_kernels() if logits.is_cuda else None
+def uses_sampling_kernel(device: torch.device) -> bool:
+    """Whether random rows on `device` go to the Triton kernel: CUDA, and triton imports (tried once)."""
+    return device.type == "cuda" and _load_sampling_kernels() is not None
 
 
 def sample_with_kernel(kernels: ModuleType, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:

@@ -96,7 +96,7 @@ class SamplingMetadata:
                    if any(p.top_p < 1.0 for p in random_params) else None),
             min_p=(_floats([0.0 if g else p.min_p for p, g in zip(params, greedy)], device)
                    if any(p.min_p > 0.0 for p in random_params) else None),
-            generators=_row_generators(requests, greedy, generators),
+            generators={} if seeds is not None else _row_generators(requests, greedy, generators),
             max_num_logprobs=max(logprobs, default=None),
             penalties=_penalty_tensors(requests, vocab_size, device),
             min_tokens=_min_tokens_mask(requests, vocab_size, device),

@@ -70,6 +70,12 @@ def client_disconnected() -> APIError:
                     code="client_disconnected")
 
 
+def request_failed(message: str) -> APIError:
+    """This request's part of an engine step failed (finish_reason "error"); the engine went on."""
+    return APIError(500, f"The request failed in the engine: {message}", type="server_error",
+                    code="request_failed")
+
+
 def engine_dead(message: str) -> APIError:
     return APIError(503, f"The engine is not available: {message}", type="server_error",
                     code="engine_unavailable")

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from lamina.engine.async_engine import AsyncEngine
-from lamina.engine.request_stream import EngineDeadError, RequestStream
+from lamina.engine.request_stream import EngineDeadError, RequestFailedError, RequestStream
 from lamina.engine.input_processor import PromptType
 from lamina.engine.request import Request
 from lamina.outputs import CompletionOutput, Logprob, RequestOutput, SampleLogprobs
@@ -203,6 +203,8 @@ async def merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Reques
 def _as_api_error(err: BaseException) -> BaseException:
     if isinstance(err, EngineDeadError):
         return errors.engine_dead(str(err))
+    if isinstance(err, RequestFailedError):  # logged by the engine already: no second traceback
+        return errors.request_failed(str(err))
     if isinstance(err, ValueError):
         return errors.bad_request(str(err))
     return err

@@ -17,7 +17,8 @@ from lamina.attention.metadata import set_attention_metadata
 from lamina.failures import is_fatal
 from lamina.engine.interfaces import ModelRunnerOutput, SchedulerOutput
 from lamina.engine.request import Request
-from lamina.layers.sampler import LogprobsTensors, Sampler, SamplerOutput, SamplingMetadata, to_logprob_dicts
+from lamina.layers.sampler import (LogprobsTensors, Sampler, SamplerOutput, SamplingMetadata, to_logprob_dicts,
+                                   uses_sampling_kernel)
 from lamina.layers.sampling_metadata import philox_keys
 from lamina.worker.cuda_graphs import CudaGraphRunner
 from lamina.worker.input_batch import HostBatch, plan_batch, to_device
@@ -95,6 +96,7 @@ class ModelRunner:
         self.sampler = Sampler(generator=torch.Generator(device).manual_seed(seed))
         self._generators: dict[str, torch.Generator] = {}
         self._step_keys = random.Random(seed)  # keys of the rows without a seed, fresh every step
+        self.kernel_sampling = uses_sampling_kernel(device)  # the one place that picks the sampling path
         self.graphs: CudaGraphRunner | None = None  # set by the Worker when decode steps are captured
 
     def execute(self, scheduled: SchedulerOutput) -> ModelRunnerOutput:
@@ -123,8 +125,8 @@ class ModelRunner:
         return PendingStep(requests, out.sampled_token_ids, out.logprobs)
 
     def _sample(self, logits: torch.Tensor, requests: list[Request], keys: list[int] | None) -> SamplerOutput:
-        metadata = SamplingMetadata.from_requests(requests, self._generators_for(requests), self.vocab_size,
-                                                  self.device, keys)
+        generators = {} if keys is not None else self._generators_for(requests)  # the torch path's
+        metadata = SamplingMetadata.from_requests(requests, generators, self.vocab_size, self.device, keys)
         return self.sampler(logits, metadata)
 
     def _sample_isolating(self, logits: torch.Tensor, requests: list[Request], keys: list[int] | None,
@@ -173,8 +175,9 @@ class ModelRunner:
         return hidden[batch.logits_indices]
 
     def _philox_keys(self, host: HostBatch) -> list[int] | None:
-        """Per-row keys of the CUDA sampling kernel (lamina.layers.sampler); None on the CPU (torch path)."""
-        if self.device.type != "cuda":
+        """Per-row keys of the sampling kernel (lamina.layers.sampler); None when it is not used: on the
+        torch path (CPU, or no triton) and in all-greedy steps (an argmax draws nothing)."""
+        if not self.kernel_sampling or all(r.sampling_params.greedy for r in host.sampling_requests):
             return None
         return philox_keys(host.sampling_requests, host.sample_positions, self._step_keys.getrandbits(63))
 

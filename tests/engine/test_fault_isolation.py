@@ -163,3 +163,28 @@ def test_which_errors_are_fatal() -> None:
     assert not is_fatal(ValueError("bad row")) and not is_fatal(RuntimeError("shape mismatch"))
     assert is_fatal(RuntimeError("CUDA error: device-side assert triggered"))
     assert is_fatal(EngineBrokenError("x")) and is_fatal(KeyboardInterrupt())
+
+
+def test_a_failure_building_outputs_loses_no_finished_request(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building one group's output raises after another group of the same step has finished: the step
+    fails, and every request of it still ends with an output (none finishes unseen, none hangs)."""
+    engine, processor = llm.engine, llm.engine.output_processor
+    engine.add_request("def add(a, b):", SamplingParams(temperature=0, max_tokens=1, ignore_eos=True),
+                       request_id="short")
+    engine.add_request("import os", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+                       request_id="long")
+    make_output = processor._make_output
+
+    def failing(group, *args):  # noqa: ANN001, ANN202 - the processor's own signature
+        if group.request_id == "long":
+            monkeypatch.setattr(processor, "_make_output", make_output)  # fails once
+            raise RuntimeError("decoding failed (simulated)")
+        return make_output(group, *args)
+
+    monkeypatch.setattr(processor, "_make_output", failing)
+    outputs = {o.request_id: o for o in engine.step()}  # "short" finishes in this step, "long" fails it
+    assert outputs["short"].finished and outputs["long"].outputs[0].finish_reason == "error"
+    short = outputs["short"].outputs[0]  # it had finished before the failure: its result stands
+    assert (short.finish_reason, len(short.token_ids)) == ("length", 1)
+    assert not engine.has_unfinished_requests()
+    engine.check_integrity()

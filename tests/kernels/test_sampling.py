@@ -121,3 +121,15 @@ def test_philox_keys_depend_on_seed_and_position_only() -> None:
     assert first[1] == 501 and again[0] == 77
     assert philox_keys([seeded], [11], step_key=0)[0] != first[0]
     assert all(-2**63 <= k < 2**63 for k in first)
+
+
+def test_the_runner_picks_the_path_and_keyed_rows_need_no_generators() -> None:
+    """CPU logits take the torch path; rows keyed for the kernel need no torch generator, even when seeded."""
+    from lamina.layers.sampler import uses_sampling_kernel
+
+    assert not uses_sampling_kernel(CPU)
+    seeded = [make_request("s", SamplingParams(seed=3, temperature=0.9))]
+    with pytest.raises(ValueError, match="generator"):  # the torch path needs the request's generator
+        SamplingMetadata.from_requests(seeded, {}, 8, CPU)
+    keyed = SamplingMetadata.from_requests(seeded, {}, 8, CPU, philox_keys(seeded, [5], step_key=1))
+    assert keyed.generators == {} and keyed.seeds is not None
