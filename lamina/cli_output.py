@@ -10,7 +10,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, TextIO
 
-from lamina.outputs import CompletionOutput, Logprob, RequestOutput
+from lamina.outputs import CompletionOutput, Logprob, RequestOutput, token_text, top_entries
 from lamina.sampling_params import RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:  # the engine pulls in torch: import it only when a command runs
@@ -55,18 +55,13 @@ def _token(token_id: int, logprob: Logprob) -> dict:
     return {"token": logprob.decoded_token, "token_id": token_id, "logprob": _finite(logprob.logprob)}
 
 
-def _top(entry: dict[int, Logprob], num_top: int) -> list[tuple[int, Logprob]]:
-    """The num_top most likely tokens of one position, best first (the sampled one may be outside them)."""
-    return sorted(entry.items(), key=lambda item: item[1].rank)[:num_top]
-
-
 def logprobs_json(completion: CompletionOutput, num_top: int) -> list[dict]:
     """Per generated token: the token, its id and logprob, and the top `num_top` alternatives."""
     rows = []
     for token_id, entry in zip(completion.token_ids, completion.logprobs or []):
         row = _token(token_id, entry[token_id]) if token_id in entry else {"token": None, "token_id": token_id,
                                                                           "logprob": None}
-        row["top_logprobs"] = [_token(tid, lp) for tid, lp in _top(entry, num_top)]
+        row["top_logprobs"] = [_token(tid, lp) for tid, lp in top_entries(entry, num_top)]
         rows.append(row)
     return rows
 
@@ -95,17 +90,11 @@ def format_logprobs(completion: CompletionOutput, num_top: int) -> str:
          #  token           logprob  top 2
          0  'def'            -0.031  'def' -0.031  'class' -3.770
     """
-    width = max([len(repr(_text(lp, tid))) for e in completion.logprobs or [] for tid, lp in e.items()] + [5])
+    width = max([len(repr(token_text(lp, tid))) for e in completion.logprobs or [] for tid, lp in e.items()] + [5])
     lines = [f"{'#':>4}  {'token':<{width}}  {'logprob':>8}  top {num_top}"]
     for index, (token_id, entry) in enumerate(zip(completion.token_ids, completion.logprobs or [])):
         chosen = entry.get(token_id)
         logprob = f"{chosen.logprob:8.3f}" if chosen is not None else f"{'?':>8}"
-        top = "  ".join(f"{_text(lp, tid)!r} {lp.logprob:.3f}" for tid, lp in _top(entry, num_top))
-        lines.append(f"{index:>4}  {_text(chosen, token_id)!r:<{width}}  {logprob}  {top}".rstrip())
+        top = "  ".join(f"{token_text(lp, tid)!r} {lp.logprob:.3f}" for tid, lp in top_entries(entry, num_top))
+        lines.append(f"{index:>4}  {token_text(chosen, token_id)!r:<{width}}  {logprob}  {top}".rstrip())
     return "\n".join(lines)
-
-
-def _text(logprob: Logprob | None, token_id: int) -> str:
-    if logprob is not None and logprob.decoded_token is not None:
-        return logprob.decoded_token
-    return f"<id {token_id}>"

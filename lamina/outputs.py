@@ -67,3 +67,15 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
     extra: dict = field(default_factory=dict)
+
+
+def token_text(logprob: Logprob | None, token_id: int) -> str:
+    """A logprob's token as text: its decoded text, else "token_id:N" (vLLM's form)."""
+    if logprob is not None and logprob.decoded_token is not None:
+        return logprob.decoded_token
+    return f"token_id:{token_id}"
+
+
+def top_entries(entry: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]:
+    """The k most likely tokens of one position's logprobs, best first."""
+    return sorted(entry.items(), key=lambda item: item[1].rank)[:k]

@@ -17,8 +17,9 @@ from lamina.server.offload import check_prompt_size, is_large, run_prepare
 from lamina.server.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                                     ChatCompletionResponse, ChatLogprobs, ChatResponseMessage, ChatTokenLogprob,
                                     DeltaMessage, TopLogprob, dump)
+from lamina.outputs import token_text, top_entries
 from lamina.server.serving import (SSE_DONE, ChoiceCursor, OpenAIServing, Submitted, finite, merge, sse,
-                                   sse_error, stream_usage, token_text, top_entries, usage_of)
+                                   sse_error, stream_usage, usage_of)
 
 FIELDS = frozenset(ChatCompletionRequest.model_fields)
 

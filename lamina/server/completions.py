@@ -17,8 +17,9 @@ from lamina.server import errors
 from lamina.server.offload import check_prompt_size, is_large, run_prepare
 from lamina.server.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
                                     dump)
+from lamina.outputs import token_text, top_entries
 from lamina.server.serving import (SSE_DONE, ChoiceCursor, Chunk, OpenAIServing, Submitted, finite, merge, sse,
-                                   sse_error, stream_usage, token_text, top_entries, usage_of)
+                                   sse_error, stream_usage, usage_of)
 
 FIELDS = frozenset(CompletionRequest.model_fields)
 ALIASES = {"prompt_token_ids": "prompt"}

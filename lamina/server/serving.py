@@ -22,7 +22,7 @@ from lamina.engine.async_engine import AsyncEngine
 from lamina.engine.request_stream import EngineDeadError, RequestFailedError, RequestStream
 from lamina.engine.input_processor import PromptType
 from lamina.engine.request import Request
-from lamina.outputs import CompletionOutput, Logprob, RequestOutput, SampleLogprobs
+from lamina.outputs import CompletionOutput, RequestOutput, SampleLogprobs
 from lamina.sampling_params import RequestOutputKind, SamplingParams
 from lamina.server import errors
 from lamina.server.protocol import UsageInfo, dump
@@ -286,17 +286,6 @@ def stream_usage(prompt_tokens: Mapping[int, int], cursors: Iterable[ChoiceCurso
     return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
-def token_text(logprob: Logprob | None, token_id: int) -> str:
-    if logprob is not None and logprob.decoded_token is not None:
-        return logprob.decoded_token
-    return f"token_id:{token_id}"
-
-
 def finite(logprob: float | None) -> float:
     """A logprob JSON can carry: -inf (and a missing value) become -9999.0, as vLLM does."""
     return -9999.0 if logprob is None or logprob != logprob else max(logprob, -9999.0)
-
-
-def top_entries(entry: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]:
-    """The k most likely tokens of one position, best first."""
-    return sorted(entry.items(), key=lambda item: item[1].rank)[:k]
