@@ -56,7 +56,7 @@ def bench(url: str, model: str, rates: list[float], num_prompts: int, out: Path,
     cmd = [sys.executable, "-m", "lamina.cli", "bench", "serve", "--base-url", url, "--model", model,
            "--dataset", "w1", "--prompt-format", "text", "--num-prompts", str(num_prompts),
            "--request-rate", *[str(r) for r in rates], "--temperature", str(temperature), "--label", label,
-           "--result-file", str(result), "--ready-timeout", "60", "--disable-tqdm"]
+           "--result-file", str(result), "--ready-timeout", "60", "--disable-tqdm", "--goodput", "ttft:500", "tpot:50"]
     subprocess.run(cmd, check=True, timeout=900)
     return json.loads(result.read_text())
 
