@@ -9,6 +9,11 @@ The checkpoint: the shape's config, random bf16 weights saved by transformers, a
 which each of `lamina bench serve`'s prompt words is one token (the rest of the vocabulary is filler), so a
 text prompt of N words is N tokens for both servers. No EOS: every request runs to its max_tokens (HF's
 server rejects `ignore_eos`). Prints a table last; writes w4-peer.json into --out.
+
+The H200's image has neither lamina's server packages nor HF serve's: carry them as cp312 wheels (.whl, as
+the device tool's README says): fastapi starlette uvicorn h11 click prometheus_client pydantic pydantic_core
+typing-inspection annotated-types annotated-doc opentelemetry-api httpx httpcore anyio sniffio idna certifi
+typing_extensions openai jiter httpx2 httpcore2 truststore (versions as installed here on 2026-12-01).
 """
 from __future__ import annotations
 
