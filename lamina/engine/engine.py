@@ -64,6 +64,7 @@ class LLMEngine:
         sched = fit_to_kv_capacity(config.scheduler_config, asked, device, self.worker.kv_capacity_tokens)
         self.config = config = dataclasses.replace(config, scheduler_config=sched)
         log_scheduler_config(sched, asked, device, usage)
+        self.worker.compile_and_capture(sched.max_num_seqs)
         cache = config.cache_config
         self.kv_manager = KVCacheManager(self.worker.num_blocks, cache.block_size, cache.enable_prefix_caching)
         self.scheduler = Scheduler(sched, self.kv_manager, self.max_model_len)

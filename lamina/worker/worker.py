@@ -59,10 +59,14 @@ class Worker:
                     self.dtype, self.device)
         self.runner = ModelRunner(self.model, cache.block_size, arch.vocab_size, self.device,
                                   config.model_config.seed)
-        if self._triton_kernels_supported(self._attention_backend()):  # compile every variant now
-            warm_up_kernels(self.model, cache.block_size, config.scheduler_config.max_num_batched_tokens,
-                            self.max_model_len, self.device)
-        self.runner.graphs = self._capture_graphs()
+
+    def compile_and_capture(self, max_num_seqs: int) -> None:
+        """Compile every kernel variant now, not in the first requests, and capture the decode graphs of
+        batches of up to `max_num_seqs` (the engine's value once it is fitted to the KV capacity)."""
+        if self._triton_kernels_supported(self._attention_backend()):
+            warm_up_kernels(self.model, self.config.cache_config.block_size,
+                            self.config.scheduler_config.max_num_batched_tokens, self.max_model_len, self.device)
+        self.runner.graphs = self._capture_graphs(max_num_seqs)
 
     def _num_kv_blocks(self) -> int:
         cache = self.config.cache_config
@@ -90,7 +94,7 @@ class Worker:
                     sched.max_num_batched_tokens, num_blocks)
         return num_blocks
 
-    def _capture_graphs(self) -> CudaGraphRunner | None:
+    def _capture_graphs(self, max_num_seqs: int) -> CudaGraphRunner | None:
         """Capture decode steps on CUDA with the Triton kernels (unless enforce_eager); None: eager."""
         backend = self._attention_backend()
         capture, why = graph_decision(self.device, self.config.enforce_eager, backend,
@@ -98,7 +102,7 @@ class Worker:
         logger.info("decode steps: %s", why)
         if not capture:
             return None
-        max_batch = min(self.config.cuda_graph_max_batch_size, self.config.scheduler_config.max_num_seqs)
+        max_batch = min(self.config.cuda_graph_max_batch_size, max_num_seqs)
         graphs = CudaGraphRunner(self.model, max_batch, self.max_model_len, self.config.cache_config.block_size,
                                  self.device)
         start = time.perf_counter()
