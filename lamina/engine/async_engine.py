@@ -169,6 +169,7 @@ class AsyncEngine:
         self._wake.set()
 
     def release(self, stream: RequestStream) -> None:
+        """A stream ended (finished, failed or closed): its sequences no longer count as in flight."""
         self._num_inflight_seqs -= stream.num_seqs
 
     # ---- engine thread ------------------------------------------------------------------------------
