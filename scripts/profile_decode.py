@@ -44,8 +44,9 @@ def main() -> None:
             engine.step()
         torch.cuda.synchronize()
         wall = (time.perf_counter() - start) / args.steps * 1e3
+        trace.close()
         print(f"wall ms/step (no profiler): {wall:.3f}, of which the host waits for the device "
-              f"{sum(wait for _, _, wait in trace.rows) / args.steps * 1e3:.3f} "
+              f"{sum(step.device_wait_s for step in trace.steps) / args.steps * 1e3:.3f} "
               f"(async_scheduling={engine.config.async_scheduling})")
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(args.steps):

@@ -96,6 +96,8 @@ def run_w1(llm: LLM, prompts: list[list[int]], outputs: list[int], temperature: 
     start = time.perf_counter()
     done = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     seconds = time.perf_counter() - start
+    if step_trace is not None:
+        step_trace.close()
     tokens = sum(len(o.outputs[0].token_ids) for o in done)
     sched = llm.engine.config.scheduler_config
     return dict(output_tokens=tokens, seconds=seconds, tok_per_s=tokens / seconds, requests=len(prompts),
@@ -105,40 +107,16 @@ def run_w1(llm: LLM, prompts: list[list[int]], outputs: list[int], temperature: 
 
 
 class StepTrace:
-    """Per engine step: wall time, the host's wait for the device's tokens, and the step's kind
-    (prefill: any request computes more than one token; decode ahead: launched by schedule_ahead)."""
+    """The engine's own step log (LLMEngine.step_log: each step's kind, tokens, wall time and the host's
+    wait for the device), plus the Triton kernels compiled while it is open. close() stops both."""
 
     def __init__(self, engine: Any) -> None:
-        from lamina.worker.model_runner import PendingStep
-        self.rows: list[tuple[str, float, float]] = []
+        self.engine = engine
+        self.steps: list = []
+        engine.step_log = self.steps
         self.compiled: list[str] = []  # Triton kernels compiled (in-memory cache misses) during the run
-        self.prefill_steps: list[dict[str, Any]] = []
-        self._wait = 0.0
+        self._previous_hook: Any = None
         self._watch_compiles()
-        step, result = engine.step, PendingStep.result
-
-        def timed_result(pending: PendingStep) -> Any:
-            start = time.perf_counter()
-            out = result(pending)
-            self._wait += time.perf_counter() - start
-            return out
-
-        def timed_step() -> Any:
-            scheduled = engine._inflight.scheduled if engine._inflight is not None else None
-            start, self._wait = time.perf_counter(), 0.0
-            out = step()
-            kind = "decode ahead" if scheduled is not None else "decode"
-            tokens = engine.scheduler.stats.last_step_tokens
-            if scheduled is None and tokens > len(engine.scheduler.running):
-                kind = "prefill"
-            seconds = time.perf_counter() - start
-            self.rows.append((kind, seconds, self._wait))
-            if kind == "prefill":
-                self.prefill_steps.append(dict(tokens=tokens, running=len(engine.scheduler.running),
-                                               seconds=round(seconds, 4), compiles=len(self.compiled)))
-            return out
-
-        engine.step, PendingStep.result = timed_step, timed_result
 
     def _watch_compiles(self) -> None:
         try:
@@ -147,17 +125,27 @@ class StepTrace:
             return
 
         def on_miss(*, repr: str, **_: Any) -> None:  # noqa: A002 - triton's keyword
-            self.compiled.append(repr[:200])
+            self.compiled.append(repr[:200])  # returns None: Triton goes on and compiles
 
-        knobs.runtime.jit_cache_hook = on_miss
+        self._previous_hook, knobs.runtime.jit_cache_hook = knobs.runtime.jit_cache_hook, on_miss
+
+    def close(self) -> None:
+        self.engine.step_log = None
+        try:
+            from triton import knobs
+        except ImportError:
+            return
+        knobs.runtime.jit_cache_hook = self._previous_hook
 
     def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"triton_compiles": self.compiled, "prefill_steps": self.prefill_steps}
+        prefills = [dict(tokens=s.num_tokens, rows=s.num_rows, seconds=round(s.seconds, 4))
+                    for s in self.steps if s.kind == "prefill"]
+        out: dict[str, Any] = {"triton_compiles": self.compiled, "prefill_steps": prefills}
         for kind in ("prefill", "decode", "decode ahead"):
-            rows = [r for r in self.rows if r[0] == kind]
-            out[kind] = dict(steps=len(rows), seconds=round(sum(r[1] for r in rows), 3),
-                             device_wait_s=round(sum(r[2] for r in rows), 3),
-                             slowest_s=round(max((r[1] for r in rows), default=0.0), 3))
+            steps = [s for s in self.steps if s.kind == kind]
+            out[kind] = dict(steps=len(steps), seconds=round(sum(s.seconds for s in steps), 3),
+                             device_wait_s=round(sum(s.device_wait_s for s in steps), 3),
+                             slowest_s=round(max((s.seconds for s in steps), default=0.0), 3))
         return out
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import time
 from dataclasses import dataclass
 
 from lamina.config import EngineConfig
@@ -27,7 +28,7 @@ from lamina.engine.interfaces import SchedulerOutput
 from lamina.engine.output_processor import OutputProcessor
 from lamina.engine.request import Request, RequestStatus
 from lamina.engine.scheduler import Scheduler
-from lamina.engine.stats import SchedulerStats
+from lamina.engine.stats import SchedulerStats, StepStats
 from lamina.kv.kv_manager import KVCacheManager
 from lamina.loader.hf_config import load_generation_config, load_model_arch
 from lamina.loader.tokenizer import Tokenizer
@@ -75,6 +76,7 @@ class LLMEngine:
         self._inflight: InflightStep | None = None  # launched ahead, not yet processed
         self._current: SchedulerOutput | None = None  # the step being run (its requests fail if it raises)
         self._failed_steps = 0  # consecutive
+        self.step_log: list[StepStats] | None = None  # a list: every step appends its StepStats (off: None)
 
     def _eos_token_ids(self) -> frozenset[int]:
         if self.tokenizer is not None:
@@ -119,15 +121,17 @@ class LLMEngine:
 
         If the step raises, its requests end with finish_reason "error" (their outputs are returned) and
         the engine stays usable; EngineBrokenError when the device is lost or steps keep failing."""
+        start = time.perf_counter()
         try:
-            outputs = self._step()
+            outputs = self._step(start)
         except Exception as err:  # noqa: BLE001 - the step's requests get the error, not every request
             return self._step_failed(err)
         self._failed_steps = 0
         return outputs
 
-    def _step(self) -> list[RequestOutput]:
+    def _step(self, start: float) -> list[RequestOutput]:
         self._current = None
+        launched_ahead = self._inflight is not None
         if self._inflight is None:
             scheduled = self._current = self.scheduler.schedule()
             if scheduled.is_empty and self.scheduler.has_unfinished_requests() and not self.scheduler.running:
@@ -141,11 +145,16 @@ class LLMEngine:
             ahead = self.scheduler.schedule_ahead(scheduled)
             if ahead is not None:
                 self._inflight = InflightStep(ahead, self.worker.launch(ahead, previous=pending))
-        changed = self.scheduler.update_from_output(scheduled, pending.result())
+        waited = time.perf_counter()
+        result = pending.result()
+        waited = time.perf_counter() - waited
+        changed = self.scheduler.update_from_output(scheduled, result)
         changed += self._fail_siblings(changed)
         outputs = self.output_processor.process(changed, self._stop_string_found)
         if self._inflight is not None and all(r.is_finished for r in self._inflight.scheduled.requests):
             self._inflight = None  # nothing left in it to wait for (its device work is stream-ordered)
+        if self.step_log is not None:
+            self.step_log.append(_step_stats(scheduled, launched_ahead, time.perf_counter() - start, waited))
         return outputs
 
     def _step_failed(self, err: Exception) -> list[RequestOutput]:
@@ -196,3 +205,10 @@ class LLMEngine:
     def check_integrity(self) -> None:
         """Assert the KV block accounting is exact (no leaked blocks)."""
         self.kv_manager.check_integrity()
+
+
+def _step_stats(scheduled: SchedulerOutput, launched_ahead: bool, seconds: float, waited: float) -> StepStats:
+    tokens, rows = scheduled.total_num_scheduled_tokens, len(scheduled.requests)
+    kind = "decode ahead" if launched_ahead else "prefill" if tokens > rows else "decode"
+    return StepStats(kind, tokens, rows, seconds, waited)
+

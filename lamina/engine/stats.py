@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+StepKind = Literal["prefill", "decode", "decode ahead"]
 
 
 @dataclass
@@ -30,3 +33,18 @@ class SchedulerStats:
     @property
     def mean_tokens_per_step(self) -> float:
         return self.total_scheduled_tokens / self.num_steps if self.num_steps else 0.0
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One engine step, recorded while `LLMEngine.step_log` is a list (benchmarks, profiling).
+
+    kind: "decode ahead" when the step was launched by Scheduler.schedule_ahead during the step before it;
+    else "prefill" when some request computed more than one token, else "decode"."""
+
+    kind: StepKind
+    num_tokens: int  # scheduled this step
+    num_rows: int  # requests in the step
+    seconds: float  # wall time of LLMEngine.step()
+    device_wait_s: float  # of which the host waited for the step's tokens
+

@@ -92,3 +92,19 @@ def test_statistics_follow_the_run(engine):
         assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time
         assert m.num_generation_tokens == 3 and m.tpot is not None and m.tpot >= 0
         assert m.ttft == m.first_token_time - m.arrival_time
+
+
+def test_step_log_records_each_step_only_while_on(engine):
+    assert engine.step_log is None  # off by default: a long-running server keeps no per-step list
+    engine.step_log = steps = []
+    engine.add_request("import sys; print(sys.argv)", SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+                       request_id="logged")  # a prompt no other test sends: no prefix-cache hit
+    prompt_len = len(drain(engine)["logged"].prompt_token_ids)
+    engine.step_log = None
+    kinds = [s.kind for s in steps]
+    prefills = next(i for i, kind in enumerate(kinds) if kind != "prefill")  # the prompt in 16-token chunks
+    assert prefills >= 1 and all(s.num_tokens > s.num_rows == 1 for s in steps[:prefills])
+    assert all(s.kind in ("decode", "decode ahead") and s.num_tokens == s.num_rows for s in steps[prefills:])
+    assert any(s.kind == "decode ahead" for s in steps)  # async scheduling is on by default
+    assert all(0 <= s.device_wait_s <= s.seconds for s in steps)
+    assert sum(s.num_tokens for s in steps) >= prompt_len + 5  # the prompt, then 5 of the 6 tokens fed back
