@@ -99,8 +99,6 @@ class ModelRunner:
         self.kernel_sampling = uses_sampling_kernel(device)  # the one place that picks the sampling path
         self.graphs: CudaGraphRunner | None = None  # set by the Worker when decode steps are captured
 
-    def execute(self, scheduled: SchedulerOutput) -> ModelRunnerOutput:
-        return self.launch(scheduled).result()
 
     @torch.inference_mode()
     def launch(self, scheduled: SchedulerOutput, previous: PendingStep | None = None) -> PendingStep:

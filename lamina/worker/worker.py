@@ -7,7 +7,7 @@ import time
 import torch
 
 from lamina.config import DEFAULT_CPU_KV_BYTES, EngineConfig
-from lamina.engine.interfaces import ModelRunnerOutput, SchedulerOutput
+from lamina.engine.interfaces import SchedulerOutput
 from lamina.kv.cache import allocate_kv_caches, attention_layers, bind_kv_caches, kv_cache_bytes_per_block
 from lamina.loader.hf_config import ModelArch, check_model_len
 from lamina.loader.model_loader import load_model
@@ -136,8 +136,6 @@ class Worker:
                              f"kv_cache_memory_bytes, or lower max_model_len")
         return asked
 
-    def execute(self, scheduled: SchedulerOutput) -> ModelRunnerOutput:
-        return self.runner.execute(scheduled)
 
     def launch(self, scheduled: SchedulerOutput, previous: PendingStep | None = None) -> PendingStep:
         return self.runner.launch(scheduled, previous)
