@@ -7,13 +7,13 @@ from collections.abc import Iterator
 import torch
 
 from lamina.attention.backends import get_attention_backend
+from lamina.config import LOAD_FORMATS
 from lamina.layers.linear import LinearBase
 from lamina.loader.hf_config import ModelArch
 from lamina.loader.weights import format_names, iterate_weights
 from lamina.models.common import CausalLM
 from lamina.models.registry import get_model_class
 
-LOAD_FORMATS = ("auto", "dummy")
 MODEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _DUMMY_STD = 0.02
 
