@@ -7,10 +7,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import httpx
 import uvicorn
-from prometheus_client.parser import text_string_to_metric_families
 
+from lamina.bench.soak_stats import scrape  # noqa: F401 - the tests read /metrics through it
 from lamina.engine.async_engine import AsyncEngine
 from lamina.engine.engine import LLMEngine
 from lamina.llm import LLM
@@ -97,14 +96,3 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str =
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.01)
-
-
-def scrape(url: str) -> dict[str, float]:
-    """/metrics as {'name{label="v",...}': value} with labels sorted (model_name left out)."""
-    text = httpx.get(url + "/metrics").text
-    values = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()) if k != "model_name")
-            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return values
