@@ -1,11 +1,15 @@
 """Engine configuration: small frozen dataclasses, validated on construction.
 
 Fields use vLLM's names so a reader who knows one engine can map them 1:1. The CLI builds its
-flags from these fields; nothing in core code reads environment variables.
+flags from these fields, and `engine_config(**kwargs)` routes flat keyword arguments (LLM's) to them;
+nothing in core code reads environment variables. This module is a leaf: it imports nothing of lamina
+(and not torch), so every layer of the package may import it.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -119,3 +123,83 @@ class EngineConfig:
         size = self.cuda_graph_max_batch_size
         _require(isinstance(size, int) and not isinstance(size, bool) and size > 0,
                  "cuda_graph_max_batch_size", f"must be a positive integer, got {size!r}")
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    """The architecture facts lamina needs, parsed once from config.json (lamina.loader.hf_config)."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None  # None for plain RoPE; else has "rope_type" (no "rope_theta")
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    torch_dtype: str | None
+    sliding_window: int | None  # None when the model attends over the full context
+    bos_token_id: int | None
+    eos_token_id: int | list[int] | None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        eos = self.eos_token_id
+        if eos is None:
+            return ()
+        return tuple(eos) if isinstance(eos, list) else (eos,)
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """Which optional Triton kernels a model may run, fixed when the model is built (both on by default).
+
+    A kernel allowed here still runs only where lamina.layers.dispatch finds it applicable (CUDA tensors
+    of a dtype it takes, triton importable); off, the layer always runs its PyTorch / cuBLAS path.
+    """
+
+    fused_ops: bool = True  # RMSNorm (+ residual add), RoPE, q/k-norm + RoPE, SiLU-and-mul: lamina.kernels.fused_ops
+    gemv: bool = True  # decode-sized matmuls (at most gemv.MAX_M rows): lamina.kernels.gemv instead of cuBLAS
+
+    def __post_init__(self) -> None:
+        for name in ("fused_ops", "gemv"):
+            _require(isinstance(getattr(self, name), bool), name, f"must be a bool, got {getattr(self, name)!r}")
+
+
+_SECTIONS: dict[str, type] = {"model_config": ModelConfig, "cache_config": CacheConfig,
+                              "scheduler_config": SchedulerConfig}
+
+
+def engine_arg_names() -> tuple[str, ...]:
+    """Every flat engine argument: the fields of ModelConfig, CacheConfig, SchedulerConfig and EngineConfig
+    (the three section fields of EngineConfig excluded). Names are unique across the four classes."""
+    names = [f.name for cls in (*_SECTIONS.values(), EngineConfig) for f in dataclasses.fields(cls)
+             if f.name not in _SECTIONS]
+    return tuple(names)
+
+
+def engine_config(**kwargs: Any) -> EngineConfig:
+    """An EngineConfig from flat keyword arguments (vLLM's engine arguments: model=..., block_size=...),
+    each routed to the config class that has a field of its name; omitted fields keep their defaults.
+
+    A new field of any of the four classes becomes an argument here (and of LLM) with no other edit.
+    An unknown name is a TypeError naming it and listing the allowed ones; values are validated by
+    the classes themselves (ValueError naming the field).
+    """
+    allowed = engine_arg_names()
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        raise TypeError(f"unknown engine argument(s) {unknown}; allowed: {sorted(allowed)}")
+
+    def picked(cls: type) -> dict[str, Any]:
+        return {f.name: kwargs[f.name] for f in dataclasses.fields(cls) if f.name in kwargs}
+
+    sections = {name: cls(**picked(cls)) for name, cls in _SECTIONS.items()}
+    return EngineConfig(**sections, **picked(EngineConfig))

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Union
+from typing import Any, Union
 
 from tqdm.auto import tqdm
 
-from lamina.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from lamina.config import engine_config
 from lamina.engine.engine import LLMEngine
 from lamina.engine.input_processor import PromptType
 from lamina.loader.tokenizer import Tokenizer
@@ -24,30 +24,12 @@ class LLM:
         outputs = llm.generate(["def fib(n):"], SamplingParams(max_tokens=32, temperature=0))
     """
 
-    def __init__(self, model: str, dtype: str = "auto", device: str = "auto", max_model_len: int | None = None,
-                 block_size: int = 16, num_kv_blocks: int | None = None,
-                 kv_cache_memory_bytes: int | None = None, max_num_batched_tokens: int | None = None,
-                 max_num_seqs: int | None = None, enable_prefix_caching: bool = True, seed: int = 0,
-                 skip_tokenizer_init: bool = False, tokenizer: str | None = None, max_logprobs: int = 20,
-                 attention_backend: str = "auto", load_format: str = "auto",
-                 gpu_memory_utilization: float = 0.9, enforce_eager: bool = False,
-                 cuda_graph_max_batch_size: int = 256, async_scheduling: bool = True,
-                 usage: str = "offline") -> None:
-        """Engine arguments are vLLM's. max_num_seqs / max_num_batched_tokens None: chosen for the device
-        and `usage` ("offline", or "serve" for the server), logged at start-up (lamina/engine/defaults.py)."""
-        config = EngineConfig(
-            model_config=ModelConfig(model=model, dtype=dtype, max_model_len=max_model_len, seed=seed,
-                                     skip_tokenizer_init=skip_tokenizer_init, tokenizer=tokenizer,
-                                     max_logprobs=max_logprobs, load_format=load_format),
-            cache_config=CacheConfig(block_size=block_size, num_kv_blocks=num_kv_blocks,
-                                     kv_cache_memory_bytes=kv_cache_memory_bytes,
-                                     enable_prefix_caching=enable_prefix_caching,
-                                     gpu_memory_utilization=gpu_memory_utilization),
-            scheduler_config=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens,
-                                             max_num_seqs=max_num_seqs),
-            device=device, attention_backend=attention_backend, enforce_eager=enforce_eager,
-            cuda_graph_max_batch_size=cuda_graph_max_batch_size, async_scheduling=async_scheduling)
-        self.engine = LLMEngine(config, usage=usage)
+    def __init__(self, model: str, *, usage: str = "offline", **engine_args: Any) -> None:
+        """Engine arguments are vLLM's, as keywords: every field of ModelConfig, CacheConfig, SchedulerConfig
+        and EngineConfig (lamina/config.py), routed there by `engine_config`; an unknown name is a TypeError
+        listing the allowed ones. max_num_seqs / max_num_batched_tokens None: chosen for the device and
+        `usage` ("offline", or "serve" for the server), logged at start-up (lamina/engine/defaults.py)."""
+        self.engine = LLMEngine(engine_config(model=model, **engine_args), usage=usage)
 
     def get_tokenizer(self) -> Tokenizer | None:
         return self.engine.tokenizer

@@ -115,12 +115,14 @@ def op_checks(device: str) -> list[dict[str, Any]]:
     PyTorch path on the same device (bf16; fp32 on the interpreter)."""
     import torch
 
+    from lamina.config import KernelChoice
     from lamina.kernels import fused_ops
     from lamina.layers.activation import SiluAndMul
     from lamina.layers.norm import RMSNorm
     from lamina.layers.rotary import RotaryEmbedding
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    reference = KernelChoice(fused_ops=False, gemv=False)  # the layers' PyTorch path, which the kernels must match
     gen = torch.Generator(device).manual_seed(0)
     randn = lambda *shape: torch.randn(*shape, generator=gen, device=device).to(dtype)  # noqa: E731
     rows: list[dict[str, Any]] = []
@@ -131,28 +133,25 @@ def op_checks(device: str) -> list[dict[str, Any]]:
     tokens = [1, 7] if device == "cuda" else [1, 3]
     for hidden, heads, kv_heads, inter in [(1024, 16, 8, 3072), (4096, 32, 8, 14336)]:
         hidden_run = hidden if device == "cuda" else 64
-        norm = RMSNorm(hidden_run).to(device=device, dtype=dtype)
+        norm = RMSNorm(hidden_run, kernels=reference).to(device=device, dtype=dtype)
         norm.weight.data = 1 + 0.1 * randn(hidden_run)
         for t in tokens:
             x, res = randn(t, hidden_run), randn(t, hidden_run)
-            norm.use_fused = False
             ref, ref_res = norm(x, res)
             out, out_res = fused_ops.fused_add_rms_norm(x, res, norm.weight, norm.variance_epsilon)
             record(f"add+rms_norm {t}x{hidden_run}", out, ref)
             record(f"add (residual) {t}x{hidden_run}", out_res, ref_res, rel=0.0)
             d = 128 if device == "cuda" else 16
             nq, nk = (heads, kv_heads) if device == "cuda" else (4, 2)
-            rope = RotaryEmbedding(d, 1e6, 8192).to(device)
+            rope = RotaryEmbedding(d, 1e6, 8192, kernels=reference).to(device)
             qk = randn(t, (nq + nk) * d)
             q, k = qk[:, :nq * d], qk[:, nq * d:]
             pos = torch.randint(0, 8192, (t,), generator=gen, device=device)
-            rope.use_fused = False
             ref_q, ref_k = rope(pos, q.clone(), k.clone())
             fused_ops.rotary_inplace(q, k, rope.cos_sin_cache, pos, d)
             record(f"rotary {t}x({nq}+{nk})x{d}", torch.cat([q, k], 1), torch.cat([ref_q, ref_k], 1), rel=0.0)
-            q_norm, k_norm = RMSNorm(d).to(device=device, dtype=dtype), RMSNorm(d).to(device=device, dtype=dtype)
+            q_norm, k_norm = (RMSNorm(d, kernels=reference).to(device=device, dtype=dtype) for _ in range(2))
             q_norm.weight.data, k_norm.weight.data = 1 + 0.1 * randn(d), 1 + 0.1 * randn(d)
-            q_norm.use_fused = k_norm.use_fused = False
             qk = randn(t, (nq + nk) * d)
             q, k = qk[:, :nq * d], qk[:, nq * d:]
             ref_q, ref_k = rope(pos, q_norm(q.view(t, nq, d)).view(t, -1), k_norm(k.view(t, nk, d)).view(t, -1))
@@ -160,8 +159,7 @@ def op_checks(device: str) -> list[dict[str, Any]]:
                                              rope.cos_sin_cache, pos, d)
             record(f"qk_norm+rotary {t}x({nq}+{nk})x{d}", torch.cat([q, k], 1), torch.cat([ref_q, ref_k], 1))
             inter_run = inter if device == "cuda" else 48
-            act, silu = randn(t, 2 * inter_run), SiluAndMul()
-            silu.use_fused = False
+            act, silu = randn(t, 2 * inter_run), SiluAndMul(reference)
             record(f"silu_and_mul {t}x{inter_run}", fused_ops.silu_and_mul(act), silu(act))
     return rows + gemv_checks(device, dtype)
 
@@ -297,9 +295,9 @@ def graph_vs_eager(device: str) -> dict[str, Any]:
         release_memory()
         llm = LLM(model=DEMO_MODEL, dtype="bfloat16" if device == "cuda" else "float32", device=device,
                   attention_backend="triton", enforce_eager=eager, max_num_seqs=32)
-        runner = llm.engine.worker.runner
+        runner = llm.engine.executor.worker.runner
         if device == "cpu" and not eager:
-            w = llm.engine.worker
+            w = llm.engine.executor.worker
             runner.graphs = CudaGraphRunner(w.model, 16, w.max_model_len, w.config.cache_config.block_size,
                                             torch.device("cpu"), graph_cls=EagerGraph)
             runner.graphs.capture_all()

@@ -1,10 +1,13 @@
 """The public API end to end on a tiny random Llama with a real byte-level BPE tokenizer."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from lamina import LLM, SamplingParams
+from lamina import LLM, SamplingParams, llm as llm_module
+from lamina.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, engine_arg_names
 from tests.helpers.hf_oracle import hf_greedy, hf_logprobs, load_hf
 from tests.helpers.tiny_models import make_tiny_model
 from tests.helpers.tiny_tokenizer import save_tiny_tokenizer
@@ -186,3 +189,44 @@ def test_bad_engine_arguments(model_dir, tmp_path):
         llm.generate({"prompt_token_ids": [1, 2]}, SamplingParams(stop=["x"]), use_tqdm=False)
     with pytest.raises(ValueError, match="sampling_params"):
         llm.generate(["a", "b"], [SamplingParams()], use_tqdm=False)
+
+
+class _ConfigOnly:
+    """Stands in for LLMEngine: keeps the config LLM built, loads nothing."""
+
+    def __init__(self, config: EngineConfig, usage: str) -> None:
+        self.config, self.usage = config, usage
+
+
+def test_engine_arguments_are_routed_to_their_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(llm_module, "LLMEngine", _ConfigOnly)
+    config = LLM("m", dtype="bfloat16", block_size=4, max_num_seqs=3, enforce_eager=True, usage="serve").engine.config
+    assert config.model_config == ModelConfig(model="m", dtype="bfloat16")
+    assert config.cache_config == CacheConfig(block_size=4)
+    assert config.scheduler_config == SchedulerConfig(max_num_seqs=3)
+    assert config.enforce_eager is True and config.device == "auto"
+    assert LLM("m").engine.config == EngineConfig(ModelConfig(model="m"))  # defaults: the dataclasses' own
+
+
+def test_every_config_field_is_an_argument(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each field of the four config classes reaches its class through LLM (a new field needs no edit there)."""
+    monkeypatch.setattr(llm_module, "LLMEngine", _ConfigOnly)
+    sections = {ModelConfig: "model_config", CacheConfig: "cache_config", SchedulerConfig: "scheduler_config"}
+    names = engine_arg_names()
+    assert len(names) == len(set(names)), "a field name in two config classes would be ambiguous"
+    for cls in (*sections, EngineConfig):
+        for field in dataclasses.fields(cls):
+            if field.name in sections.values() or field.name == "model":
+                continue
+            value = field.default
+            config = LLM("m", **{field.name: value}).engine.config
+            holder = getattr(config, sections[cls]) if cls in sections else config
+            assert getattr(holder, field.name) == value and field.name in names
+
+
+def test_unknown_engine_argument_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(llm_module, "LLMEngine", _ConfigOnly)
+    with pytest.raises(TypeError, match=r"unknown engine argument\(s\) \['blok_size'\]; allowed: .*'block_size'"):
+        LLM("m", blok_size=4)
+    with pytest.raises(TypeError, match="cache_config"):  # sections are built from their fields, not passed
+        LLM("m", cache_config=CacheConfig())

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import torch
 
+from lamina.device import resolve_device
+
 from .checkpoint import build_model, count_parameters, load_teacher, save_checkpoint, student_config_dict
 from .config import TrainConfig
 from .data import TokenData
 from .evaluate import greedy_agreement, perplexity
-from .trainer import Trainer, TrainResult, resolve_device
+from .trainer import Trainer, TrainResult
 
 SUMMARY = "distill_summary.json"
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
+from lamina.device import resolve_device
+
 from .config import TrainConfig
 from .data import WindowSampler
 from .losses import distill_loss
@@ -36,15 +38,6 @@ class TrainResult:
     @property
     def final_loss(self) -> float:
         return self.curve[-1][2] if self.curve else float("nan")
-
-
-def resolve_device(name: str) -> torch.device:
-    """'auto' is CUDA when available, else CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device: {name!r} requested but CUDA is not available")
-    return torch.device(name)
 
 
 def lr_at(step: int, total: int, cfg: TrainConfig) -> float:

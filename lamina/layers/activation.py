@@ -5,20 +5,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lamina.layers.norm import fused_ops_for
+from lamina.config import KernelChoice
+from lamina.layers.dispatch import DEFAULT_KERNELS, silu_and_mul_ops
 
 
 class SiluAndMul(nn.Module):
     """x = [gate | up] along the last dim (the fused gate_up output); returns silu(gate) * up.
 
-    CUDA tensors go to one Triton kernel (`fused_ops.silu_and_mul`, same rounding) unless `use_fused`
-    is False; CPU tensors to the two PyTorch ops below.
+    Where lamina.layers.dispatch allows (CUDA, triton, the model's KernelChoice.fused_ops), one Triton
+    kernel (`fused_ops.silu_and_mul`, same rounding) runs; otherwise the two PyTorch ops below.
     """
 
-    use_fused: bool = True  # False (on an instance or the class): always the PyTorch path
+    def __init__(self, kernels: KernelChoice = DEFAULT_KERNELS) -> None:
+        super().__init__()
+        self.kernels = kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        ops = fused_ops_for(x) if self.use_fused else None
+        ops = silu_and_mul_ops(x, self.kernels)
         if ops is not None:
             return ops.silu_and_mul(x)
         gate, up = x.chunk(2, dim=-1)

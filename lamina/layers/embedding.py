@@ -5,6 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lamina.config import KernelChoice
+from lamina.layers.dispatch import DEFAULT_KERNELS
 from lamina.layers.linear import copy_checked, set_weight_attrs, small_batch_matmul, tensor_parallel_rank_and_size
 
 
@@ -37,13 +39,15 @@ class VocabEmbedding(nn.Module):
 
 
 class ParallelLMHead(nn.Module):
-    """The output projection hidden -> vocab; with `tied_to`, it shares the embedding's weight."""
+    """The output projection hidden -> vocab; with `tied_to`, it shares the embedding's weight. Decode-sized
+    batches may take the Triton GEMV (KernelChoice.gemv, decided by lamina.layers.dispatch)."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int,
-                 tied_to: VocabEmbedding | None = None) -> None:
+                 tied_to: VocabEmbedding | None = None, kernels: KernelChoice = DEFAULT_KERNELS) -> None:
         super().__init__()
         self.tp_rank, self.tp_size = tensor_parallel_rank_and_size()
         self.num_embeddings = num_embeddings
+        self.kernels = kernels
         if tied_to is not None:
             self.weight = tied_to.weight
             return
@@ -61,7 +65,7 @@ class ParallelLMHead(nn.Module):
         """[N, hidden] -> [N, vocab] float32 logits (the matmul runs in the model dtype)."""
         if self.tp_size > 1:
             raise NotImplementedError("vocab-parallel logits gather arrives with lamina.distributed")
-        return small_batch_matmul(hidden, self.weight).float()
+        return small_batch_matmul(hidden, self.weight, kernels=self.kernels).float()
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.weight.shape[1]}"

@@ -13,14 +13,15 @@ Fused layouts (output rows of the fused weight, one rank):
 """
 from __future__ import annotations
 
-import functools
 from abc import ABC, abstractmethod
-from types import ModuleType
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from lamina.config import KernelChoice
+from lamina.layers.dispatch import DEFAULT_KERNELS, gemv_for
 
 
 def tensor_parallel_rank_and_size() -> tuple[int, int]:
@@ -58,43 +59,19 @@ class QuantMethod(ABC):
         """Compute the layer's output for `x` [..., input_size]."""
 
 
-GEMV_DTYPES = (torch.float16, torch.bfloat16)
-
-
-@functools.cache
-def _load_gemv() -> ModuleType | None:
-    try:
-        from lamina.kernels import gemv
-    except ImportError:  # no triton: cuBLAS everywhere
-        return None
-    return gemv
-
-
-def gemv_for(x: torch.Tensor, weight: torch.Tensor) -> ModuleType | None:
-    """The Triton GEMV module (lamina.kernels.gemv) when x is a 16-bit CUDA tensor of at most
-    gemv.MAX_M rows and triton imports; else None (cuBLAS)."""
-    if not (UnquantizedLinearMethod.use_gemv and x.is_cuda and x.dtype in GEMV_DTYPES
-            and weight.dtype == x.dtype and weight.is_contiguous()):
-        return None
-    gemv = _load_gemv()
-    rows = x.numel() // max(1, x.shape[-1])
-    return gemv if gemv is not None and 1 <= rows <= gemv.MAX_M else None
-
-
-def small_batch_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-                       ) -> torch.Tensor:
-    """x [..., K] @ weight[N, K].T (+ bias). A decode step's few rows go to the Triton GEMV (1.04-3.9x
-    cuBLAS on the H200 at one row: lamina/bench/gemv_sweep.py), the rest to F.linear."""
-    gemv = gemv_for(x, weight)
+def small_batch_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                       kernels: KernelChoice = DEFAULT_KERNELS) -> torch.Tensor:
+    """x [..., K] @ weight[N, K].T (+ bias). A decode step's few rows go to the Triton GEMV where dispatch
+    allows it (1.04-3.9x cuBLAS on the H200 at one row: lamina/bench/gemv_sweep.py), the rest to F.linear."""
+    gemv = gemv_for(x, weight, kernels)
     if gemv is None:
         return F.linear(x, weight, bias)
     return gemv.gemv(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
 
 
 class UnquantizedLinearMethod(QuantMethod):
-    """A plain dense weight [output_size, input_size] in the model dtype."""
-
-    use_gemv: bool = True  # False: always F.linear (cuBLAS), also for decode-sized batches
+    """A plain dense weight [output_size, input_size] in the model dtype; decode-sized inputs may take the
+    Triton GEMV (the layer's KernelChoice.gemv, decided by lamina.layers.dispatch)."""
 
     def create_weights(self, layer: LinearBase, input_size: int, output_sizes: list[int],
                        params_dtype: torch.dtype) -> None:
@@ -104,16 +81,19 @@ class UnquantizedLinearMethod(QuantMethod):
         layer.register_parameter("weight", weight)
 
     def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return small_batch_matmul(x, layer.weight, bias)
+        return small_batch_matmul(x, layer.weight, bias, layer.kernels)
 
 
 class LinearBase(nn.Module):
-    """Shared plumbing: sizes per rank, the quant method, an optional bias of the output size."""
+    """Shared plumbing: sizes per rank, the quant method, an optional bias of the output size, and the
+    model's KernelChoice (which the quant method passes to lamina.layers.dispatch)."""
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool,
-                 quant_method: QuantMethod | None = None, params_dtype: torch.dtype | None = None) -> None:
+                 quant_method: QuantMethod | None = None, params_dtype: torch.dtype | None = None,
+                 kernels: KernelChoice = DEFAULT_KERNELS) -> None:
         super().__init__()
         self.tp_rank, self.tp_size = tensor_parallel_rank_and_size()
+        self.kernels = kernels
         self.input_size = input_size
         self.output_sizes = output_sizes
         self.output_size = sum(output_sizes)
@@ -147,8 +127,8 @@ class ReplicatedLinear(LinearBase):
     """The full weight on every rank."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False,
-                 quant_method: QuantMethod | None = None) -> None:
-        super().__init__(input_size, [output_size], bias, quant_method)
+                 quant_method: QuantMethod | None = None, kernels: KernelChoice = DEFAULT_KERNELS) -> None:
+        super().__init__(input_size, [output_size], bias, quant_method, kernels=kernels)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
         copy_checked(param, loaded, "ReplicatedLinear")
@@ -158,12 +138,12 @@ class ColumnParallelLinear(LinearBase):
     """Output features split across ranks: y_r = x @ W_r^T, no communication."""
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False,
-                 quant_method: QuantMethod | None = None) -> None:
+                 quant_method: QuantMethod | None = None, kernels: KernelChoice = DEFAULT_KERNELS) -> None:
         _, tp_size = tensor_parallel_rank_and_size()
         for size in output_sizes:
             if size % tp_size:
                 raise ValueError(f"output size {size} is not divisible by tensor_parallel_size {tp_size}")
-        super().__init__(input_size, [s // tp_size for s in output_sizes], bias, quant_method)
+        super().__init__(input_size, [s // tp_size for s in output_sizes], bias, quant_method, kernels=kernels)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
         dim = getattr(param, "output_dim", None)
@@ -199,7 +179,8 @@ class QKVParallelLinear(ColumnParallelLinear):
     """
 
     def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
-                 bias: bool = False, quant_method: QuantMethod | None = None) -> None:
+                 bias: bool = False, quant_method: QuantMethod | None = None,
+                 kernels: KernelChoice = DEFAULT_KERNELS) -> None:
         _, tp_size = tensor_parallel_rank_and_size()
         if num_heads % tp_size:
             raise ValueError(f"num_attention_heads {num_heads} is not divisible by "
@@ -210,7 +191,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.kv_replicas = max(1, tp_size // num_kv_heads)
         per_rank_total = [self.num_heads * head_dim * tp_size,
                           self.num_kv_heads * head_dim * tp_size, self.num_kv_heads * head_dim * tp_size]
-        super().__init__(hidden_size, per_rank_total, bias, quant_method)
+        super().__init__(hidden_size, per_rank_total, bias, quant_method, kernels=kernels)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -231,11 +212,11 @@ class RowParallelLinear(LinearBase):
     """Input features split across ranks: y = sum_r x_r @ W_r^T (+ b once), an all-reduce at TP > 1."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False,
-                 quant_method: QuantMethod | None = None) -> None:
+                 quant_method: QuantMethod | None = None, kernels: KernelChoice = DEFAULT_KERNELS) -> None:
         _, tp_size = tensor_parallel_rank_and_size()
         if input_size % tp_size:
             raise ValueError(f"input size {input_size} is not divisible by tensor_parallel_size {tp_size}")
-        super().__init__(input_size // tp_size, [output_size], bias, quant_method)
+        super().__init__(input_size // tp_size, [output_size], bias, quant_method, kernels=kernels)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
         dim = getattr(param, "input_dim", None)

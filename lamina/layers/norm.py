@@ -1,34 +1,16 @@
 """RMSNorm, with the residual add fused in (one pass over the hidden state per sub-layer).
 
-On CUDA (with triton installed) the norm and the add run as one Triton kernel
-(`lamina.kernels.fused_ops`); on CPU, or with `use_fused = False`, as the PyTorch ops below.
-`fused_ops_for` is that switch, shared by the rotary and activation layers.
+Where lamina.layers.dispatch allows it (CUDA, triton installed, the model's KernelChoice.fused_ops), the
+norm and the add run as one Triton kernel (`lamina.kernels.fused_ops`); otherwise as the PyTorch ops below.
 """
 from __future__ import annotations
-
-import functools
-from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-MAX_FUSED_HIDDEN = 32768  # one program holds a whole row in registers
-
-
-@functools.cache
-def _load_fused_ops() -> ModuleType | None:
-    try:
-        from lamina.kernels import fused_ops
-    except ImportError:  # no triton: the PyTorch path everywhere
-        return None
-    return fused_ops
-
-
-def fused_ops_for(x: torch.Tensor) -> ModuleType | None:
-    """The fused-kernel module when x is a CUDA tensor and triton imports (tried once), else None."""
-    return _load_fused_ops() if x.is_cuda and x.dtype in FUSED_DTYPES else None
+from lamina.config import KernelChoice
+from lamina.layers.dispatch import DEFAULT_KERNELS, rms_norm_ops
 
 
 class RMSNorm(nn.Module):
@@ -36,15 +18,14 @@ class RMSNorm(nn.Module):
 
     `forward(x)` returns the normalised x. `forward(x, residual)` first adds x to the residual
     stream and returns (norm(x + residual), x + residual): the decoder's pre-norm pattern.
-    CUDA tensors go to one fused Triton kernel (same rounding steps) unless `use_fused` is False.
+    Where dispatch allows, one fused Triton kernel (same rounding steps) runs instead.
     """
 
-    use_fused: bool = True  # False (on an instance or the class): always the PyTorch path
-
-    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+    def __init__(self, hidden_size: int, eps: float = 1e-6, kernels: KernelChoice = DEFAULT_KERNELS) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
         self.variance_epsilon = eps
+        self.kernels = kernels
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.variance_epsilon)
@@ -52,7 +33,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        ops = self._fused_ops(x, residual)
+        ops = rms_norm_ops(x, self.weight, residual, self.kernels)
         if ops is not None:
             if residual is None:
                 return ops.rms_norm(x, self.weight, self.variance_epsilon)
@@ -61,13 +42,6 @@ class RMSNorm(nn.Module):
             return self._norm(x)
         residual = x + residual
         return self._norm(residual), residual
-
-    def _fused_ops(self, x: torch.Tensor, residual: torch.Tensor | None) -> ModuleType | None:
-        if not self.use_fused or self.weight.dtype != x.dtype or x.shape[-1] > MAX_FUSED_HIDDEN:
-            return None
-        if residual is not None and (residual.dtype != x.dtype or residual.shape != x.shape):
-            return None
-        return fused_ops_for(x)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.variance_epsilon}"

@@ -6,9 +6,9 @@ For a head vector x = [x1 | x2] (two halves) at position p with frequencies f:
 cos/sin of every position below max_position_embeddings are tabulated once in float32 from the same
 products position * inv_freq that HF computes, so a forward gathers rows instead of recomputing them.
 
-On CUDA (with triton installed) q and k are rotated in place by one Triton kernel
-(`lamina.kernels.fused_ops.rotary_inplace`, same fp32 math); on CPU, or with `use_fused = False`,
-by `_rotate` below, which returns new tensors.
+Where lamina.layers.dispatch allows it (CUDA, triton installed, the model's KernelChoice.fused_ops), q and
+k are rotated in place by one Triton kernel (`lamina.kernels.fused_ops.rotary_inplace`, same fp32 math);
+otherwise by `_rotate` below, which returns new tensors.
 """
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from lamina.layers.norm import fused_ops_for
+from lamina.config import KernelChoice
+from lamina.layers.dispatch import DEFAULT_KERNELS, rotary_ops
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -86,15 +87,14 @@ class RotaryEmbedding(nn.Module):
 
     cos and sin of every position up to max_position_embeddings are tabulated once (float32,
     [max_pos, head_dim]: cos | sin), so a forward is one row gather; one instance serves all layers.
-    On CUDA the fused kernel rotates q and k in place and returns them (unless `use_fused` is False).
+    Where dispatch allows, the fused kernel rotates q and k in place and returns them.
     """
 
-    use_fused: bool = True  # False (on an instance or the class): always the PyTorch path
-
     def __init__(self, head_dim: int, base: float, max_position_embeddings: int,
-                 rope_scaling: dict[str, Any] | None = None) -> None:
+                 rope_scaling: dict[str, Any] | None = None, kernels: KernelChoice = DEFAULT_KERNELS) -> None:
         super().__init__()
         self.head_dim = head_dim
+        self.kernels = kernels
         inv_freq = compute_inv_freq(head_dim, base, rope_scaling, max_position_embeddings)
         freqs = torch.arange(max_position_embeddings, dtype=torch.float32)[:, None] * inv_freq[None, :]
         # float32 whatever the model dtype; not in the state dict (HF's is not loaded either).
@@ -111,7 +111,7 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        ops = fused_ops_for(q) if self.use_fused and q.dtype == k.dtype else None
+        ops = rotary_ops(q, k, self.kernels)
         if ops is not None:
             ops.rotary_inplace(q, k, self.cos_sin_cache, positions, self.head_dim)
             return q, k

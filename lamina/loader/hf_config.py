@@ -1,4 +1,5 @@
-"""Read a HF model directory's config.json into a small frozen `ModelArch`.
+"""Read a HF model directory's config.json into a small frozen `ModelArch` (defined in lamina.config,
+so that the models, the KV cache and the worker read it without importing the loader).
 
 Both config layouts written by transformers are understood:
   4.x: top-level `rope_theta` and `rope_scaling: {"type"|"rope_type": ..., "factor": ...}`, `torch_dtype`
@@ -7,10 +8,10 @@ Both config layouts written by transformers are understood:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lamina.config import ModelArch
 from lamina.layers.rotary import check_rope_scaling
 from lamina.models.registry import supported_architectures
 
@@ -18,38 +19,6 @@ _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layer
              "num_attention_heads", "max_position_embeddings")
 # Qwen2 hard-codes bias=True on q/k/v; its config has no field saying so.
 _ALWAYS_QKV_BIAS = ("Qwen2ForCausalLM",)
-
-
-@dataclass(frozen=True)
-class ModelArch:
-    """The architecture facts lamina needs, parsed once from config.json."""
-
-    architecture: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    rope_scaling: dict[str, Any] | None  # None for plain RoPE; else has "rope_type" (no "rope_theta")
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    attention_bias: bool
-    torch_dtype: str | None
-    sliding_window: int | None  # None when the model attends over the full context
-    bos_token_id: int | None
-    eos_token_id: int | list[int] | None
-    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        eos = self.eos_token_id
-        if eos is None:
-            return ()
-        return tuple(eos) if isinstance(eos, list) else (eos,)
 
 
 def _model_dir(model_dir: str) -> Path:

@@ -7,14 +7,14 @@ from collections.abc import Iterator
 import torch
 
 from lamina.attention.backends import get_attention_backend
-from lamina.config import LOAD_FORMATS
+from lamina.config import LOAD_FORMATS, KernelChoice, ModelArch
+from lamina.device import MODEL_DTYPES
 from lamina.layers.linear import LinearBase
-from lamina.loader.hf_config import ModelArch
-from lamina.loader.weights import format_names, iterate_weights
+from lamina.loader.weights import iterate_weights
 from lamina.models.common import CausalLM
+from lamina.models.names import format_names
 from lamina.models.registry import get_model_class
 
-MODEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _DUMMY_STD = 0.02
 
 
@@ -38,8 +38,12 @@ def _check_args(dtype: torch.dtype, load_format: str) -> None:
 
 
 def load_model(model_dir: str, arch: ModelArch, dtype: torch.dtype, device: torch.device | str,
-               load_format: str = "auto", attention_backend: str = "auto") -> CausalLM:
+               load_format: str = "auto", attention_backend: str = "auto",
+               kernels: KernelChoice = KernelChoice()) -> CausalLM:
     """Instantiate `arch.architecture` in `dtype` on `device` and load its weights.
+
+    kernels: which optional Triton kernels the model's layers may run (lamina.layers.dispatch); the
+    default allows all of them, off means the PyTorch / cuBLAS path everywhere.
 
     load_format "auto": the safetensors checkpoint in `model_dir`, strictly: a checkpoint tensor
     that matches no parameter, or a parameter with no checkpoint tensor, is a ValueError naming them.
@@ -49,7 +53,7 @@ def load_model(model_dir: str, arch: ModelArch, dtype: torch.dtype, device: torc
     model_cls = get_model_class(arch.architecture)
     backend = get_attention_backend(attention_backend)
     with _default_dtype(dtype), torch.device(device):
-        model = model_cls(arch, backend)
+        model = model_cls(arch, backend, kernels)
     if load_format == "dummy":
         init_dummy_weights(model)
     else:

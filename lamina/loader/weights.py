@@ -6,21 +6,16 @@ when loaded, so lamina refuses them on purpose (convert them with HF's `save_pre
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from lamina.models.names import format_names
+
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-
-
-def format_names(names: Iterable[str], limit: int = 5) -> str:
-    """'a, b, c ... and N more' — enough names to act on without flooding the message."""
-    ordered = sorted(names)
-    shown = ", ".join(ordered[:limit])
-    return shown if len(ordered) <= limit else f"{shown} ... and {len(ordered) - limit} more"
 
 
 def _index_files(index_path: Path) -> list[Path]:

@@ -12,7 +12,6 @@ through the class attributes below.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from types import ModuleType
 from typing import ClassVar
 
 import torch
@@ -20,30 +19,33 @@ from torch import nn
 
 from lamina.attention.backends import AttentionBackend
 from lamina.attention.layer import Attention
+from lamina.config import KernelChoice, ModelArch
 from lamina.layers.activation import SiluAndMul
+from lamina.layers.dispatch import DEFAULT_KERNELS, qk_norm_rotary_ops
 from lamina.layers.embedding import ParallelLMHead, VocabEmbedding
 from lamina.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear, copy_checked
-from lamina.layers.norm import RMSNorm, fused_ops_for
+from lamina.layers.norm import RMSNorm
 from lamina.layers.rotary import RotaryEmbedding
-from lamina.loader.hf_config import ModelArch
-from lamina.loader.weights import format_names
+from lamina.models.names import format_names
 
 
 class DecoderAttention(nn.Module):
     """Fused qkv projection (+ optional bias, optional per-head q/k RMSNorm), RoPE, paged attention."""
 
     def __init__(self, arch: ModelArch, qkv_bias: bool, o_bias: bool, qk_norm: bool,
-                 backend: AttentionBackend | None, rotary_emb: RotaryEmbedding) -> None:
+                 backend: AttentionBackend | None, rotary_emb: RotaryEmbedding, kernels: KernelChoice) -> None:
         super().__init__()
         head_dim = arch.head_dim
+        self.kernels = kernels
         self.qkv_proj = QKVParallelLinear(arch.hidden_size, head_dim, arch.num_attention_heads,
-                                          arch.num_key_value_heads, bias=qkv_bias)
+                                          arch.num_key_value_heads, bias=qkv_bias, kernels=kernels)
         self.head_dim = head_dim
         self.q_size = self.qkv_proj.num_heads * head_dim
         self.kv_size = self.qkv_proj.num_kv_heads * head_dim
-        self.o_proj = RowParallelLinear(arch.num_attention_heads * head_dim, arch.hidden_size, bias=o_bias)
-        self.q_norm = RMSNorm(head_dim, arch.rms_norm_eps) if qk_norm else None
-        self.k_norm = RMSNorm(head_dim, arch.rms_norm_eps) if qk_norm else None
+        self.o_proj = RowParallelLinear(arch.num_attention_heads * head_dim, arch.hidden_size, bias=o_bias,
+                                        kernels=kernels)
+        self.q_norm = RMSNorm(head_dim, arch.rms_norm_eps, kernels) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, arch.rms_norm_eps, kernels) if qk_norm else None
         self.rotary_emb = rotary_emb  # one table shared by every layer
         self.attn = Attention(self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, head_dim,
                               scale=head_dim ** -0.5, backend=backend)
@@ -56,19 +58,12 @@ class DecoderAttention(nn.Module):
         """Optional per-head q/k RMSNorm, then RoPE; on CUDA both in one fused kernel (in place)."""
         if self.q_norm is None or self.k_norm is None:
             return self.rotary_emb(positions, q, k)
-        ops = self._fused_qk_ops(q)
+        ops = qk_norm_rotary_ops(q, self.q_norm, self.k_norm, self.kernels)
         if ops is not None:
             ops.qk_norm_rotary_inplace(q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.variance_epsilon,
                                        self.rotary_emb.cos_sin_cache, positions, self.head_dim)
             return q, k
         return self.rotary_emb(positions, self._head_norm(self.q_norm, q), self._head_norm(self.k_norm, k))
-
-    def _fused_qk_ops(self, q: torch.Tensor) -> ModuleType | None:
-        q_norm, k_norm = self.q_norm, self.k_norm
-        usable = (q_norm is not None and k_norm is not None and q_norm.use_fused and k_norm.use_fused
-                  and self.rotary_emb.use_fused and q_norm.variance_epsilon == k_norm.variance_epsilon
-                  and q_norm.weight.dtype == k_norm.weight.dtype == q.dtype)
-        return fused_ops_for(q) if usable else None
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -79,23 +74,23 @@ class DecoderAttention(nn.Module):
 class GatedMLP(nn.Module):
     """down(silu(gate(x)) * up(x)) with gate and up fused into one matmul."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int, kernels: KernelChoice) -> None:
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2)
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size)
-        self.act_fn = SiluAndMul()
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, kernels=kernels)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, kernels=kernels)
+        self.act_fn = SiluAndMul(kernels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, arch: ModelArch, attention: DecoderAttention) -> None:
+    def __init__(self, arch: ModelArch, attention: DecoderAttention, kernels: KernelChoice) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, kernels)
         self.self_attn = attention
-        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
-        self.mlp = GatedMLP(arch.hidden_size, arch.intermediate_size)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, kernels)
+        self.mlp = GatedMLP(arch.hidden_size, arch.intermediate_size, kernels)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,11 +104,11 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, arch: ModelArch, layers: list[DecoderLayer]) -> None:
+    def __init__(self, arch: ModelArch, layers: list[DecoderLayer], kernels: KernelChoice) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(arch.vocab_size, arch.hidden_size)
         self.layers = nn.ModuleList(layers)
-        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, kernels)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden, residual = self.embed_tokens(input_ids), None
@@ -124,7 +119,11 @@ class DecoderModel(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """A decoder-only LM over a flat batch; attention metadata comes from `set_attention_metadata`."""
+    """A decoder-only LM over a flat batch; attention metadata comes from `set_attention_metadata`.
+
+    `kernels` is the model's KernelChoice: every layer gets the same one, and lamina.layers.dispatch
+    reads it (with the tensors' device and dtype) to pick a Triton kernel or the PyTorch path.
+    """
 
     qkv_bias: ClassVar[bool | None] = None  # None: the config's attention_bias
     o_proj_bias: ClassVar[bool | None] = None  # None: the config's attention_bias
@@ -137,17 +136,20 @@ class CausalLM(nn.Module):
     # Checkpoint tensors that are derived, not learned (some older exports include them).
     ignored_weight_suffixes: ClassVar[tuple[str, ...]] = ("rotary_emb.inv_freq",)
 
-    def __init__(self, arch: ModelArch, attn_backend: AttentionBackend | None = None) -> None:
+    def __init__(self, arch: ModelArch, attn_backend: AttentionBackend | None = None,
+                 kernels: KernelChoice = DEFAULT_KERNELS) -> None:
         super().__init__()
         self.arch = arch
+        self.kernels = kernels
         qkv_bias = arch.attention_bias if self.qkv_bias is None else self.qkv_bias
         o_bias = arch.attention_bias if self.o_proj_bias is None else self.o_proj_bias
-        rotary = RotaryEmbedding(arch.head_dim, arch.rope_theta, arch.max_position_embeddings, arch.rope_scaling)
-        layers = [DecoderLayer(arch, DecoderAttention(arch, qkv_bias, o_bias, self.qk_norm, attn_backend, rotary))
-                  for _ in range(arch.num_hidden_layers)]
-        self.model = DecoderModel(arch, layers)
+        rotary = RotaryEmbedding(arch.head_dim, arch.rope_theta, arch.max_position_embeddings, arch.rope_scaling,
+                                 kernels)
+        attentions = [DecoderAttention(arch, qkv_bias, o_bias, self.qk_norm, attn_backend, rotary, kernels)
+                      for _ in range(arch.num_hidden_layers)]
+        self.model = DecoderModel(arch, [DecoderLayer(arch, attn, kernels) for attn in attentions], kernels)
         tied = self.model.embed_tokens if arch.tie_word_embeddings else None
-        self.lm_head = ParallelLMHead(arch.vocab_size, arch.hidden_size, tied_to=tied)
+        self.lm_head = ParallelLMHead(arch.vocab_size, arch.hidden_size, tied_to=tied, kernels=kernels)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids, positions [T] (a flat batch) -> hidden states [T, hidden_size]."""

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
+from lamina.device import resolve_device
 from lamina.distill.checkpoint import count_parameters
 from lamina.distill.data import TokenData
 from lamina.distill.evaluate import greedy_agreement, perplexity
-from lamina.distill.trainer import resolve_device
 
 PROMPTS = ["def fibonacci(n):", "class Stack:\n    def __init__(self):", "import os\n\n\ndef list_python_files(root):"]
 CHAT = [{"role": "user", "content": "Write a Python function `is_prime(n)`: Return True if n is a prime number."}]

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import torch
 
+from lamina.device import resolve_device
 from lamina.distill.checkpoint import build_model, count_parameters, save_checkpoint, student_config_dict
 from lamina.distill.config import TrainConfig
 from lamina.distill.data import TokenData
 from lamina.distill.evaluate import perplexity
-from lamina.distill.trainer import Trainer, resolve_device
+from lamina.distill.trainer import Trainer
 from tokenizers import Tokenizer
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lamina.config import ModelArch
 from lamina.kv.cache import (allocate_kv_caches, attention_layers, bind_kv_caches, kv_cache_bytes_per_block,
                              num_blocks_for_bytes)
-from lamina.loader.hf_config import ModelArch, load_model_arch
+from lamina.loader.hf_config import load_model_arch
 from lamina.loader.model_loader import load_model
 from lamina.models.common import CausalLM
 from tests.helpers.tiny_models import make_tiny_model

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import torch
 
 from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
+from lamina.config import ModelArch
 from lamina.kv.cache import allocate_kv_caches, bind_kv_caches
-from lamina.loader.hf_config import ModelArch
 from lamina.models.common import CausalLM
 
 

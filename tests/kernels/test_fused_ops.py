@@ -14,8 +14,9 @@ import torch
 
 pytest.importorskip("triton")
 
+from lamina.config import KernelChoice  # noqa: E402
 from lamina.kernels import fused_ops  # noqa: E402
-from lamina.layers import activation, norm, rotary  # noqa: E402
+from lamina.layers import dispatch  # noqa: E402
 from lamina.layers.activation import SiluAndMul  # noqa: E402
 from lamina.layers.norm import RMSNorm  # noqa: E402
 from lamina.layers.rotary import RotaryEmbedding  # noqa: E402
@@ -29,8 +30,8 @@ POSITIONS = [0, 1, 17, 4097, MAX_POS - 1]
 pytestmark = pytest.mark.usefixtures("bf16_round_to_nearest", "nan_empty")
 
 
-def _norm_layer(hidden: int, dtype: torch.dtype, seed: int = 0) -> RMSNorm:
-    layer = RMSNorm(hidden, eps=1e-6)
+def _norm_layer(hidden: int, dtype: torch.dtype, seed: int = 0, kernels: KernelChoice = KernelChoice()) -> RMSNorm:
+    layer = RMSNorm(hidden, eps=1e-6, kernels=kernels)
     layer.weight.data.copy_(1 + 0.3 * torch.randn(hidden, generator=torch.Generator().manual_seed(seed)))
     return layer.to(dtype)
 
@@ -69,10 +70,10 @@ def test_rms_norm_over_strided_heads(dtype: torch.dtype) -> None:
     assert_close_elementwise(fused_ops.rms_norm(q, layer.weight, 1e-6), layer(q))
 
 
-def _rope_case(dtype: torch.dtype, head_dim: int, num_q: int, num_kv: int
+def _rope_case(dtype: torch.dtype, head_dim: int, num_q: int, num_kv: int, kernels: KernelChoice = KernelChoice()
                ) -> tuple[RotaryEmbedding, torch.Tensor, torch.Tensor]:
     """A padded qkv buffer [T, (q | k | v | pad)] and the positions."""
-    rope = RotaryEmbedding(head_dim, 1e6, MAX_POS)
+    rope = RotaryEmbedding(head_dim, 1e6, MAX_POS, kernels=kernels)
     qkv = _randn(len(POSITIONS), (num_q + 2 * num_kv) * head_dim + 8, dtype=dtype)
     return rope, qkv, torch.tensor(POSITIONS)
 
@@ -140,9 +141,9 @@ def test_silu_and_mul_keeps_leading_dims() -> None:
 
 
 def _route_cpu_to_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make the layers treat CPU tensors as CUDA ones, so their fused branch runs the interpreted kernels."""
-    for module in (norm, rotary, activation, common):
-        monkeypatch.setattr(module, "fused_ops_for", lambda x: fused_ops)
+    """Make dispatch treat CPU tensors as CUDA ones, so the layers' fused branch runs the interpreted kernels
+    (every other condition of lamina.layers.dispatch applies as on a GPU)."""
+    monkeypatch.setattr(dispatch, "on_kernel_device", lambda x: True)
 
 
 def _forbid_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -153,31 +154,32 @@ def _forbid_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(fused_ops, name, boom)
 
 
-def _run_layers(dtype: torch.dtype) -> list[torch.Tensor]:
+def _run_layers(dtype: torch.dtype, kernels: KernelChoice = KernelChoice()) -> list[torch.Tensor]:
     """Every layer once, as the decoder calls them: norms (plain, + residual, per head), RoPE, SiLU."""
-    layer, head_norm = _norm_layer(96, dtype), _norm_layer(64, dtype, seed=4)
+    layer, head_norm = _norm_layer(96, dtype, kernels=kernels), _norm_layer(64, dtype, seed=4, kernels=kernels)
     x, residual = _randn(5, 96, dtype=dtype), _randn(5, 96, dtype=dtype, seed=3)
-    rope, qkv, positions = _rope_case(dtype, 64, 4, 2)
+    rope, qkv, positions = _rope_case(dtype, 64, 4, 2, kernels)
     heads = head_norm(qkv[:, :256].reshape(5, 4, 64))
     q, k = rope(positions, qkv[:, :256], qkv[:, 256:384])
-    act = SiluAndMul()(_randn(5, 192, dtype=dtype))
-    normed_q, normed_k = _qwen3_prologue(dtype)
+    act = SiluAndMul(kernels)(_randn(5, 192, dtype=dtype))
+    normed_q, normed_k = _qwen3_prologue(dtype, kernels)
     return [layer(x), *layer(x, residual), heads, q.clone(), k.clone(), act, normed_q, normed_k]
 
 
-def _qwen3_prologue(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _qwen3_prologue(dtype: torch.dtype, kernels: KernelChoice) -> tuple[torch.Tensor, torch.Tensor]:
     """DecoderAttention's q/k norm + RoPE as the model calls it (fused on CUDA)."""
-    attention = SimpleNamespace(q_norm=_norm_layer(64, dtype, seed=7), k_norm=_norm_layer(64, dtype, seed=8),
-                                rotary_emb=RotaryEmbedding(64, 1e6, MAX_POS), head_dim=64)
+    attention = SimpleNamespace(q_norm=_norm_layer(64, dtype, seed=7, kernels=kernels),
+                                k_norm=_norm_layer(64, dtype, seed=8, kernels=kernels),
+                                rotary_emb=RotaryEmbedding(64, 1e6, MAX_POS, kernels=kernels), head_dim=64,
+                                kernels=kernels)
     attention._head_norm = partial(common.DecoderAttention._head_norm, attention)
-    attention._fused_qk_ops = partial(common.DecoderAttention._fused_qk_ops, attention)
     _, qkv, positions = _rope_case(dtype, 64, 4, 2)
     q, k = common.DecoderAttention._norm_and_rotate(attention, positions, qkv[:, :256], qkv[:, 256:384])
     return q.clone(), k.clone()
 
 
 def test_cpu_path_does_not_call_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert norm.fused_ops_for(torch.zeros(2)) is None
+    assert dispatch.fused_ops_for(torch.zeros(2), KernelChoice()) is None
     _forbid_kernels(monkeypatch)
     _run_layers(torch.float32)
 
@@ -190,9 +192,25 @@ def test_layers_fused_branch_matches_reference(monkeypatch: pytest.MonkeyPatch, 
         assert_close_elementwise(actual, expected)
 
 
-def test_use_fused_false_forces_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fused_ops_off_forces_reference(monkeypatch: pytest.MonkeyPatch) -> None:
     _route_cpu_to_kernels(monkeypatch)
     _forbid_kernels(monkeypatch)
-    for cls in (RMSNorm, RotaryEmbedding, SiluAndMul):
-        monkeypatch.setattr(cls, "use_fused", False)
-    _run_layers(torch.bfloat16)
+    _run_layers(torch.bfloat16, KernelChoice(fused_ops=False))
+
+
+def test_routed_layers_call_every_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The counterpart of the test above: with the kernels allowed, each layer really takes its kernel."""
+    _route_cpu_to_kernels(monkeypatch)
+    called: set[str] = set()
+    names = ("rms_norm", "fused_add_rms_norm", "rotary_inplace", "qk_norm_rotary_inplace", "silu_and_mul")
+
+    def recording(name: str, kernel: object) -> object:
+        def run(*args: object, **kwargs: object) -> object:
+            called.add(name)
+            return kernel(*args, **kwargs)
+        return run
+
+    for name in names:
+        monkeypatch.setattr(fused_ops, name, recording(name, getattr(fused_ops, name)))
+    _run_layers(torch.float32)
+    assert called == set(names)

@@ -25,7 +25,8 @@ from lamina.kernels.gemv import (  # noqa: E402
     num_sms,
     gemv,
 )
-from lamina.layers import linear  # noqa: E402
+from lamina.config import KernelChoice  # noqa: E402
+from lamina.layers import dispatch, linear  # noqa: E402
 from lamina.layers.embedding import ParallelLMHead  # noqa: E402
 from tests.kernels.cases import assert_close_elementwise  # noqa: E402
 
@@ -153,26 +154,24 @@ def test_default_config_follows_the_device_sm_count() -> None:
 
 
 def _route_cpu_to_gemv(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Make the layers treat CPU tensors as CUDA ones (rows <= MAX_M go to the interpreted GEMV);
-    returns the list of row counts the GEMV was called with."""
+    """Make dispatch treat CPU tensors as CUDA ones and take float32 too (rows <= MAX_M then go to the
+    interpreted GEMV; every other condition of dispatch.gemv_for applies as on a GPU); returns the list of
+    row counts the GEMV was called with."""
     calls: list[int] = []
 
     def counting_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         calls.append(x.shape[0])
         return gemv_module.gemv(x, weight, bias)
 
-    routed = SimpleNamespace(MAX_M=MAX_M, gemv=counting_gemv)
-
-    def gemv_for(x: torch.Tensor, weight: torch.Tensor) -> SimpleNamespace | None:
-        rows = x.numel() // x.shape[-1]
-        return routed if linear.UnquantizedLinearMethod.use_gemv and rows <= MAX_M else None
-
-    monkeypatch.setattr(linear, "gemv_for", gemv_for)
+    monkeypatch.setattr(dispatch, "on_kernel_device", lambda x: True)
+    monkeypatch.setattr(dispatch, "GEMV_DTYPES", (*dispatch.GEMV_DTYPES, torch.float32))
+    monkeypatch.setattr(dispatch, "_gemv_module", lambda: SimpleNamespace(MAX_M=MAX_M, gemv=counting_gemv))
     return calls
 
 
 def test_cpu_tensors_never_take_the_gemv() -> None:
-    assert linear.gemv_for(torch.zeros(1, 8, dtype=torch.bfloat16), torch.zeros(4, 8, dtype=torch.bfloat16)) is None
+    x, weight = torch.zeros(1, 8, dtype=torch.bfloat16), torch.zeros(4, 8, dtype=torch.bfloat16)
+    assert dispatch.gemv_for(x, weight, KernelChoice()) is None
 
 
 def test_decode_rows_of_linear_layers_and_lm_head_take_the_gemv(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -188,6 +187,12 @@ def test_decode_rows_of_linear_layers_and_lm_head_take_the_gemv(monkeypatch: pyt
         torch.testing.assert_close(qkv(x), F.linear(x, qkv.weight, qkv.bias), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(head.compute_logits(x), F.linear(x, head.weight), atol=1e-5, rtol=1e-5)
     assert calls == [1, 1, MAX_M, MAX_M]  # MAX_M + 1 rows: cuBLAS
-    monkeypatch.setattr(linear.UnquantizedLinearMethod, "use_gemv", False)
-    qkv(torch.randn(1, 40, generator=gen))
+    off = KernelChoice(gemv=False)  # a model built with the GEMV off: cuBLAS at every batch size
+    qkv_off = linear.QKVParallelLinear(40, 8, 3, 1, bias=True, kernels=off)
+    head_off = ParallelLMHead(50, 40, kernels=off)
+    qkv_off.load_state_dict(qkv.state_dict())
+    head_off.load_state_dict(head.state_dict())
+    x = torch.randn(1, 40, generator=gen)
+    torch.testing.assert_close(qkv_off(x), F.linear(x, qkv.weight, qkv.bias), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(head_off.compute_logits(x), F.linear(x, head.weight), atol=1e-5, rtol=1e-5)
     assert calls == [1, 1, MAX_M, MAX_M]

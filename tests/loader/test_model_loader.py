@@ -7,9 +7,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from lamina.config import KernelChoice
 from lamina.loader.hf_config import load_model_arch
 from lamina.loader.model_loader import load_model
-from lamina.loader.weights import format_names, iterate_weights, safetensors_files
+from lamina.loader.weights import iterate_weights, safetensors_files
 from tests.helpers.tiny_models import make_tiny_model
 
 CPU = torch.device("cpu")
@@ -100,6 +101,14 @@ def test_bad_arguments(llama: Path) -> None:
         load_model(str(llama), load_model_arch(str(llama)), torch.int8, CPU)
 
 
-def test_format_names_truncates() -> None:
-    assert format_names(["b", "a"]) == "a, b"
-    assert format_names([f"w{i}" for i in range(8)], limit=3) == "w0, w1, w2 ... and 5 more"
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])  # qwen3: the per-head q/k norms too
+def test_kernel_choice_reaches_every_layer(tmp_path: Path, kind: str) -> None:
+    """load_model(kernels=...) is the model's one kernel choice: every layer that dispatches holds it."""
+    off = KernelChoice(fused_ops=False, gemv=False)
+    model = load(make_tiny_model(kind, tmp_path / kind), kernels=off)
+    holders = [m for m in model.modules() if hasattr(m, "kernels")]
+    kinds = {type(m).__name__ for m in holders}
+    assert {"RMSNorm", "RotaryEmbedding", "SiluAndMul", "QKVParallelLinear", "RowParallelLinear",
+            "MergedColumnParallelLinear", "ParallelLMHead", "DecoderAttention"} <= kinds
+    assert all(m.kernels is off for m in holders)
+    assert all(m.kernels == KernelChoice() for m in load(tmp_path / kind).modules() if hasattr(m, "kernels"))

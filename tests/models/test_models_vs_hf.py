@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from lamina.loader.hf_config import ModelArch, load_model_arch
+from lamina.config import ModelArch
+from lamina.loader.hf_config import load_model_arch
 from lamina.loader.model_loader import load_model
 from lamina.models.common import CausalLM
 from tests.helpers.hf_oracle import load_hf

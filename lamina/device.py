@@ -1,0 +1,37 @@
+"""Device and dtype names -> torch objects: the one dtype table and the one `resolve_device`.
+
+    config name (lamina.config.DTYPES)    torch dtype
+    "float32"                            torch.float32
+    "bfloat16"                           torch.bfloat16
+    "float16"                            torch.float16
+    "auto"                               resolve_dtype: the checkpoint's dtype on a GPU, float32 on the CPU
+
+Kept apart from lamina.config so that reading a config (the CLI's --help) does not import torch.
+"""
+from __future__ import annotations
+
+import torch
+
+from lamina.config import DTYPES, ModelArch
+
+TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPES if name != "auto"}
+MODEL_DTYPES: tuple[torch.dtype, ...] = tuple(TORCH_DTYPES.values())  # the dtypes a model may run in
+
+
+def resolve_device(name: str) -> torch.device:
+    """"auto" is CUDA when a GPU is available, else the CPU; "cuda" (or "cuda:N") without one is a ValueError."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device: {name!r} was asked for but no CUDA GPU is available; use 'cpu' or 'auto'")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, arch: ModelArch, device: torch.device) -> torch.dtype:
+    """"auto" runs the checkpoint's dtype on a GPU (bfloat16 when it names none we run) and float32 on the
+    CPU (exact and fast there); any other name is looked up in TORCH_DTYPES."""
+    if name != "auto":
+        return TORCH_DTYPES[name]
+    if device.type == "cpu":
+        return torch.float32
+    return TORCH_DTYPES.get(arch.torch_dtype or "", torch.bfloat16)

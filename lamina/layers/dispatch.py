@@ -1,0 +1,101 @@
+"""Kernel dispatch: the one place that decides whether a layer runs a Triton kernel or its PyTorch ops.
+
+    a kernel runs  <=>  the model's KernelChoice allows it             (fixed when the model is built)
+                   and  the tensor is on CUDA, in a dtype it takes       (FUSED_DTYPES / GEMV_DTYPES)
+                   and  the op's own preconditions hold                  (matching dtypes and shapes, sizes)
+                   and  triton imports                                   (tried once, by the first CUDA call)
+
+Each `*_ops` / `*_for` function returns the kernel module to call, or None: the layer then runs its PyTorch
+(or cuBLAS) path, which is also the reference the kernels are tested against. Nothing here imports triton
+until a CUDA tensor asks, so the CPU path never does.
+"""
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import torch
+
+from lamina.config import KernelChoice
+
+if TYPE_CHECKING:
+    from lamina.layers.norm import RMSNorm
+
+FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_FUSED_HIDDEN = 32768  # a fused-norm program holds a whole row in registers
+GEMV_DTYPES = (torch.float16, torch.bfloat16)
+DEFAULT_KERNELS = KernelChoice()  # every kernel allowed: what a layer built without a choice gets
+
+
+@functools.cache
+def _fused_ops_module() -> ModuleType | None:
+    try:
+        from lamina.kernels import fused_ops
+    except ImportError:  # no triton: the PyTorch path everywhere
+        return None
+    return fused_ops
+
+
+@functools.cache
+def _gemv_module() -> ModuleType | None:
+    try:
+        from lamina.kernels import gemv
+    except ImportError:  # no triton: cuBLAS everywhere
+        return None
+    return gemv
+
+
+def on_kernel_device(x: torch.Tensor) -> bool:
+    """Whether x lives where the Triton kernels run (CUDA). Tests replace it to run the interpreted kernels
+    on CPU tensors, so that every other condition below is exercised as it is on a GPU."""
+    return x.is_cuda
+
+
+def fused_ops_for(x: torch.Tensor, kernels: KernelChoice) -> ModuleType | None:
+    """lamina.kernels.fused_ops when `kernels.fused_ops`, x is a CUDA tensor of a FUSED_DTYPES dtype and
+    triton imports; else None."""
+    if not (kernels.fused_ops and on_kernel_device(x) and x.dtype in FUSED_DTYPES):
+        return None
+    return _fused_ops_module()
+
+
+def rms_norm_ops(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None,
+                 kernels: KernelChoice) -> ModuleType | None:
+    """RMSNorm (+ residual add): the weight in x's dtype, rows of at most MAX_FUSED_HIDDEN, and the
+    residual, if any, of x's dtype and shape."""
+    if weight.dtype != x.dtype or x.shape[-1] > MAX_FUSED_HIDDEN:
+        return None
+    if residual is not None and (residual.dtype != x.dtype or residual.shape != x.shape):
+        return None
+    return fused_ops_for(x, kernels)
+
+
+def rotary_ops(q: torch.Tensor, k: torch.Tensor, kernels: KernelChoice) -> ModuleType | None:
+    """RoPE on q and k in place: q and k of one dtype."""
+    return fused_ops_for(q, kernels) if q.dtype == k.dtype else None
+
+
+def silu_and_mul_ops(x: torch.Tensor, kernels: KernelChoice) -> ModuleType | None:
+    """silu(gate) * up over x = [gate | up]."""
+    return fused_ops_for(x, kernels)
+
+
+def qk_norm_rotary_ops(q: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm,
+                       kernels: KernelChoice) -> ModuleType | None:
+    """Per-head q/k RMSNorm then RoPE in one kernel (Qwen3): one eps for both norms, both weights in
+    q's dtype."""
+    usable = (q_norm.variance_epsilon == k_norm.variance_epsilon
+              and q_norm.weight.dtype == k_norm.weight.dtype == q.dtype)
+    return fused_ops_for(q, kernels) if usable else None
+
+
+def gemv_for(x: torch.Tensor, weight: torch.Tensor, kernels: KernelChoice) -> ModuleType | None:
+    """lamina.kernels.gemv when `kernels.gemv`, x is a 16-bit CUDA tensor of 1..gemv.MAX_M rows, the
+    weight is contiguous and in x's dtype, and triton imports; else None (cuBLAS)."""
+    if not (kernels.gemv and on_kernel_device(x) and x.dtype in GEMV_DTYPES
+            and weight.dtype == x.dtype and weight.is_contiguous()):
+        return None
+    gemv = _gemv_module()
+    rows = x.numel() // max(1, x.shape[-1])
+    return gemv if gemv is not None and 1 <= rows <= gemv.MAX_M else None
