@@ -128,13 +128,13 @@ def engine_summary(engine: LLMEngine) -> str:
         of 16), max_num_seqs 128, max_num_batched_tokens 2048, prefix caching on
     """
     model = engine.config.model_config.model
-    worker, cache = getattr(engine, "worker", None), engine.config.cache_config
-    dtype = str(getattr(worker, "dtype", "?")).removeprefix("torch.")
-    blocks, tokens = getattr(worker, "num_blocks", None), getattr(worker, "kv_capacity_tokens", None)
+    cache = engine.config.cache_config
+    dtype = str(getattr(engine, "dtype", "?")).removeprefix("torch.")
+    blocks, tokens = getattr(engine, "num_blocks", None), getattr(engine, "kv_capacity_tokens", None)
     kv = "KV cache ?"
     if blocks is not None and tokens is not None:
         kv = f"KV cache {tokens:,} tokens ({blocks:,} blocks of {cache.block_size})"
-    return (f"model {Path(model).name} ({model}): {dtype} on {getattr(worker, 'device', '?')}, max_model_len "
+    return (f"model {Path(model).name} ({model}): {dtype} on {getattr(engine, 'device', '?')}, max_model_len "
             f"{engine.max_model_len}, {kv}, max_num_seqs {_effective(engine, 'max_num_seqs')}, "
             f"max_num_batched_tokens {_effective(engine, 'max_num_batched_tokens')}, "
             f"prefix caching {'on' if cache.enable_prefix_caching else 'off'}")

@@ -83,7 +83,7 @@ def make_llm(config_path: Path, args: argparse.Namespace, enforce_eager: bool = 
 
 
 def weight_bytes(llm: LLM) -> int:
-    return sum(p.numel() * p.element_size() for p in llm.engine.worker.model.parameters())
+    return sum(p.numel() * p.element_size() for p in llm.engine.executor.worker.model.parameters())
 
 
 def run_w1(llm: LLM, prompts: list[list[int]], outputs: list[int], temperature: float = 0.6, top_p: float = 1.0,
@@ -177,8 +177,8 @@ def run_w2(config_path: Path, args: argparse.Namespace, enforce_eager: bool = Fa
     ceiling = CEILING_BYTES_PER_S / weight_bytes(llm)
     return dict(decode_tok_per_s=tok_s, ceiling_tok_per_s=ceiling, ceiling_frac=tok_s / ceiling,
                 startup_s=init_s, startup_to_first_token_s=startup_to_first_token,
-                enforce_eager=enforce_eager, cuda_graphs=llm.engine.worker.runner.graphs is not None,
-                kv_capacity_tokens=llm.engine.worker.kv_capacity_tokens)
+                enforce_eager=enforce_eager, cuda_graphs=llm.engine.executor.worker.runner.graphs is not None,
+                kv_capacity_tokens=llm.engine.kv_capacity_tokens)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

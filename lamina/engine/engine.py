@@ -1,9 +1,12 @@
 """LLMEngine: requests in, one step at a time, RequestOutputs out.
 
-    add_request -> InputProcessor -> Scheduler.schedule -> Worker.launch (a PendingStep)
-                -> [async_scheduling: Scheduler.schedule_ahead -> Worker.launch of the next step]
-                -> PendingStep.result -> Scheduler.update_from_output -> OutputProcessor (detokenize,
+    add_request -> InputProcessor -> Scheduler.schedule (a data message, lamina/step.py)
+                -> Executor.execute_model (a StepFuture)
+                -> [async_scheduling: Scheduler.schedule_ahead -> Executor.execute_model of the next step]
+                -> StepFuture.result -> Scheduler.update_from_output -> OutputProcessor (detokenize,
                    stop strings, outputs in each request's output_kind)
+
+The engine owns the requests; the executor's worker(s) own their copies of them and every tensor.
 
 With async scheduling the step launched ahead is the next call's step: its device work overlaps this
 call's host work (reading tokens, stop checks, detokenizing, building outputs).
@@ -21,21 +24,22 @@ import time
 from dataclasses import dataclass
 
 from lamina.config import EngineConfig
+from lamina.device import resolve_device, resolve_dtype
 from lamina.engine.defaults import fit_to_kv_capacity, log_scheduler_config, resolve_scheduler_config
-from lamina.failures import MAX_FAILED_STEPS, EngineBrokenError, is_fatal
 from lamina.engine.input_processor import InputLimits, InputProcessor, PromptType
-from lamina.engine.interfaces import SchedulerOutput
 from lamina.engine.output_processor import OutputProcessor
 from lamina.engine.request import Request, RequestStatus
 from lamina.engine.scheduler import Scheduler
 from lamina.engine.stats import SchedulerStats, StepStats
+from lamina.executor.base import Executor, StepFuture
+from lamina.executor.uniproc import UniProcExecutor
+from lamina.failures import MAX_FAILED_STEPS, EngineBrokenError, is_fatal
 from lamina.kv.kv_manager import KVCacheManager
 from lamina.loader.hf_config import load_generation_config, load_model_arch
 from lamina.loader.tokenizer import Tokenizer
 from lamina.outputs import RequestOutput
 from lamina.sampling_params import SamplingParams
-from lamina.worker.model_runner import PendingStep
-from lamina.worker.worker import Worker, resolve_device
+from lamina.step import SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +49,8 @@ class InflightStep:
     """A step launched ahead (Scheduler.schedule_ahead) whose results the engine has not processed."""
 
     scheduled: SchedulerOutput
-    pending: PendingStep
+    requests: list[Request]  # the engine's requests of `scheduled`, in its order
+    pending: StepFuture
 
 
 class LLMEngine:
@@ -60,21 +65,25 @@ class LLMEngine:
         self.tokenizer = None
         if not model_config.skip_tokenizer_init:
             self.tokenizer = Tokenizer.from_pretrained(model_config.tokenizer or model_config.model)
-        self.worker = Worker(config, self.arch)
-        self.max_model_len = self.worker.max_model_len
-        sched = fit_to_kv_capacity(config.scheduler_config, asked, device, self.worker.kv_capacity_tokens)
+        cache = config.cache_config
+        self.device, self.dtype = device, resolve_dtype(model_config.dtype, self.arch, device)
+        self.executor: Executor = UniProcExecutor(config, self.arch)
+        self.num_blocks = num_blocks = self.executor.determine_num_blocks()
+        self.executor.initialize_cache(num_blocks)
+        self.max_model_len = self.executor.max_model_len
+        self.kv_capacity_tokens = (num_blocks - 1) * cache.block_size
+        sched = fit_to_kv_capacity(config.scheduler_config, asked, device, self.kv_capacity_tokens)
         self.config = config = dataclasses.replace(config, scheduler_config=sched)
         log_scheduler_config(sched, asked, device, usage)
-        self.worker.compile_and_capture(sched.max_num_seqs)
-        cache = config.cache_config
-        self.kv_manager = KVCacheManager(self.worker.num_blocks, cache.block_size, cache.enable_prefix_caching)
+        self.executor.compile_and_capture(sched.max_num_seqs)
+        self.kv_manager = KVCacheManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
         self.scheduler = Scheduler(sched, self.kv_manager, self.max_model_len)
         limits = InputLimits(self.arch.vocab_size, self.max_model_len, model_config.max_logprobs)
         self.input_processor = InputProcessor(self.tokenizer, limits, self._eos_token_ids())
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
         self._inflight: InflightStep | None = None  # launched ahead, not yet processed
-        self._current: SchedulerOutput | None = None  # the step being run (its requests fail if it raises)
+        self._current: list[Request] = []  # the requests of the step being run (they fail if it raises)
         self._failed_steps = 0  # consecutive
         self.step_log: list[StepStats] | None = None  # a list: every step appends its StepStats (off: None)
 
@@ -130,28 +139,29 @@ class LLMEngine:
         return outputs
 
     def _step(self, start: float) -> list[RequestOutput]:
-        self._current = None
+        self._current = []
         launched_ahead = self._inflight is not None
         if self._inflight is None:
-            scheduled = self._current = self.scheduler.schedule()
+            scheduled = self.scheduler.schedule()
+            self._current = self._requests_of(scheduled)
             if scheduled.is_empty and self.scheduler.has_unfinished_requests() and not self.scheduler.running:
                 raise EngineBrokenError("scheduler made no progress: no waiting request could be admitted into "
                                         "an empty engine (this is a bug; please report it)")
-            pending = self.worker.launch(scheduled)
+            pending = self.executor.execute_model(scheduled)
         else:
-            scheduled, pending = self._inflight.scheduled, self._inflight.pending
-            self._current, self._inflight = scheduled, None
+            inflight, self._inflight = self._inflight, None
+            scheduled, self._current, pending = inflight.scheduled, inflight.requests, inflight.pending
         if self.config.async_scheduling and not pending.failed:  # a failed row has no token to run ahead on
             ahead = self.scheduler.schedule_ahead(scheduled)
             if ahead is not None:
-                self._inflight = InflightStep(ahead, self.worker.launch(ahead, previous=pending))
+                self._inflight = InflightStep(ahead, self._requests_of(ahead), self.executor.execute_model(ahead))
         waited = time.perf_counter()
         result = pending.result()
         waited = time.perf_counter() - waited
         changed = self.scheduler.update_from_output(scheduled, result)
         changed += self._fail_siblings(changed)
         outputs = self.output_processor.process(changed, self._stop_string_found)
-        if self._inflight is not None and all(r.is_finished for r in self._inflight.scheduled.requests):
+        if self._inflight is not None and all(r.is_finished for r in self._inflight.requests):
             self._inflight = None  # nothing left in it to wait for (its device work is stream-ordered)
         if self.step_log is not None:
             self.step_log.append(_step_stats(scheduled, launched_ahead, time.perf_counter() - start, waited))
@@ -162,9 +172,9 @@ class LLMEngine:
         EngineBrokenError (after that) when the device is lost or too many steps failed in a row."""
         self._failed_steps += 1
         logger.error("an engine step failed; its requests end with finish_reason 'error'", exc_info=err)
-        steps = [s for s in (self._current, self._inflight and self._inflight.scheduled) if s is not None]
-        self._current = self._inflight = None
-        requests = list({id(r): r for s in steps for r in s.requests}.values())
+        ahead = self._inflight.requests if self._inflight is not None else []
+        requests = list({id(r): r for r in self._current + ahead}.values())
+        self._current, self._inflight = [], None
         for request in requests:
             self.scheduler.fail_request(request.request_id, f"the engine step failed: {err!r}")
         requests += self._fail_siblings(requests)
@@ -177,6 +187,9 @@ class LLMEngine:
         if self._failed_steps >= MAX_FAILED_STEPS:
             raise EngineBrokenError(f"{self._failed_steps} steps failed in a row; the last: {err!r}") from err
         return outputs
+
+    def _requests_of(self, scheduled: SchedulerOutput) -> list[Request]:
+        return [self.scheduler.requests[req_id] for req_id in scheduled.req_ids]
 
     def _fail_siblings(self, requests: list[Request]) -> list[Request]:
         """The other samples of an n > 1 request one of whose samples failed: the request has failed."""
@@ -208,7 +221,7 @@ class LLMEngine:
 
 
 def _step_stats(scheduled: SchedulerOutput, launched_ahead: bool, seconds: float, waited: float) -> StepStats:
-    tokens, rows = scheduled.total_num_scheduled_tokens, len(scheduled.requests)
+    tokens, rows = scheduled.total_num_scheduled_tokens, len(scheduled.req_ids)
     kind = "decode ahead" if launched_ahead else "prefill" if tokens > rows else "decode"
     return StepStats(kind, tokens, rows, seconds, waited)
 

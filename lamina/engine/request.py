@@ -50,7 +50,6 @@ class Request:
     spec_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING
-    block_ids: list[int] = field(default_factory=list)  # written by the KV cache manager only
     stop_reason: int | str | None = None
     error: str | None = None  # why it ended with FINISHED_ERROR
     logprobs: SampleLogprobs | None = None

@@ -4,7 +4,9 @@ Each step, running requests come first (1 token for a decode, the rest of a prom
 1 + k with drafts), then waiting requests are admitted while budget, sequence slots and KV blocks
 last. When blocks run out the newest running request is preempted (recompute: its blocks are
 freed, committed ones stay in the prefix cache) and no new request is admitted that step.
-Pure Python: no tensors.
+Pure Python: no tensors. Each step's decision goes to the worker as a data message (lamina/step.py):
+a request the worker does not hold yet (new, or resumed after preemption) is sent whole, the others as
+their counters and block-table changes.
 """
 from __future__ import annotations
 
@@ -12,10 +14,10 @@ import time
 from collections import deque
 
 from lamina.config import SchedulerConfig
-from lamina.engine.interfaces import ModelRunnerOutput, SchedulerOutput
 from lamina.engine.request import Request, RequestStatus
 from lamina.engine.stats import SchedulerStats
 from lamina.kv.kv_manager import KVCacheManager
+from lamina.step import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
 
 
 class Scheduler:
@@ -27,6 +29,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._freed_ids: list[str] = []
+        self._on_worker: set[str] = set()  # requests the worker holds a copy of (sent, not dropped since)
         self.stats = SchedulerStats()
 
     # ---- requests in and out -------------------------------------------------------------
@@ -71,9 +74,30 @@ class Scheduler:
         self.stats.kv_limited = bool(preempted)
         if not preempted:
             self._schedule_waiting(batch, num_scheduled, budget)
+        return self._message(batch, num_scheduled, {r.request_id: r.num_computed_tokens for r in batch},
+                             preempted=[r.request_id for r in preempted])
+
+    def _message(self, batch: list[Request], num_scheduled: dict[str, int], num_computed: dict[str, int],
+                 preempted: list[str] | None = None, decode_ahead: bool = False) -> SchedulerOutput:
+        """The step as data: requests the worker lacks go whole, the rest as counters and block changes."""
+        new_reqs: list[NewRequestData] = []
+        cached = CachedRequestData()
+        for request in batch:
+            req_id = request.request_id
+            start, blocks = self.kv.take_block_update(req_id)
+            if req_id in self._on_worker:
+                cached.append(req_id, num_computed[req_id], start, blocks)
+                continue
+            self._on_worker.add(req_id)
+            new_reqs.append(NewRequestData(req_id, request.prompt_token_ids, list(request.output_token_ids),
+                                           request.sampling_params, request.eos_token_ids, blocks,
+                                           num_computed[req_id]))
         freed, self._freed_ids = self._freed_ids, []
-        return SchedulerOutput(requests=batch, num_scheduled_tokens=num_scheduled,
-                               preempted_req_ids=[r.request_id for r in preempted], finished_req_ids=freed)
+        drafts = {r.request_id: list(r.spec_token_ids) for r in batch if r.spec_token_ids}
+        return SchedulerOutput(req_ids=[r.request_id for r in batch], num_scheduled_tokens=num_scheduled,
+                               new_reqs=new_reqs, cached_reqs=cached, scheduled_spec_decode_tokens=drafts,
+                               finished_req_ids=freed, preempted_req_ids=preempted or [],
+                               decode_ahead=decode_ahead)
 
     def _schedule_running(self, batch: list[Request], num_scheduled: dict[str, int],
                           budget: int) -> list[Request]:
@@ -114,11 +138,12 @@ class Scheduler:
     def _admit(self, request: Request, budget: int) -> int:
         """Give a waiting request its cached prefix and blocks for its first chunk; 0 if no room."""
         prefix = None
-        if not request.block_ids:
+        if not self.kv.block_ids(request.request_id):
             shared = self._share_parent_prompt(request)
             if shared == 0:
                 prefix = self.kv.match_prefix(request)
             num_computed = shared or prefix.num_tokens
+            request.num_computed_tokens = shared  # the forked blocks hold these tokens' KV (the base of allocate_slots)
         else:
             num_computed = request.num_computed_tokens
         num_new = min(request.num_tokens - num_computed, budget)
@@ -144,11 +169,13 @@ class Scheduler:
         parent = request.parent
         if parent is None or parent.is_finished or self.kv.enable_prefix_caching:
             return 0  # with the prefix cache on, sample 0's committed prompt blocks are a cache hit
-        cap = min(parent.num_computed_tokens, request.num_tokens - 1)
+        # only the prompt is shared (a sample resumed after preemption has outputs of its own)
+        cap = min(parent.num_computed_tokens, request.num_prompt_tokens, request.num_tokens - 1)
         return self.kv.fork(parent, request, cap)
 
     def _preempt(self, request: Request) -> None:
         self.kv.free(request)
+        self._on_worker.discard(request.request_id)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.spec_token_ids = []
@@ -168,7 +195,7 @@ class Scheduler:
         stops on a token of `inflight` (EOS, stop token, stop string) computes one token for nothing:
         `update_from_output` drops the results of finished requests.
         """
-        unfinished = [r for r in inflight.requests if not r.is_finished]
+        unfinished = self.live_requests(inflight)
         if self.waiting or len(self.running) != len(unfinished):
             return None
         batch: list[Request] = []
@@ -185,9 +212,15 @@ class Scheduler:
                 return None  # blocks taken so far stay with their requests: the next steps use them
         if not batch:
             return None
-        freed, self._freed_ids = self._freed_ids, []
-        return SchedulerOutput(requests=batch, num_scheduled_tokens={r.request_id: 1 for r in batch},
-                               finished_req_ids=freed, decode_ahead=True)
+        # each computes position num_tokens: the token `inflight` samples for it
+        return self._message(batch, {r.request_id: 1 for r in batch}, {r.request_id: r.num_tokens for r in batch},
+                             decode_ahead=True)
+
+    def live_requests(self, scheduled: SchedulerOutput) -> list[Request]:
+        """The requests of a step that are still running (one that ended, even if its id was reused by a
+        request now waiting, is not)."""
+        live = (self.requests.get(req_id) for req_id in scheduled.req_ids)
+        return [r for r in live if r is not None and r.status is RequestStatus.RUNNING]
 
     def _runs_out_with_one_more(self, request: Request) -> bool:
         """The next sampled token ends the request by length (max_tokens or max_model_len)."""
@@ -203,9 +236,7 @@ class Scheduler:
         requests that received tokens or finished this step."""
         now = time.monotonic()
         changed: list[Request] = []
-        for request in scheduler_output.requests:
-            if request.is_finished:  # ended while this step ran ahead (stop, abort): its result is void
-                continue
+        for request in self.live_requests(scheduler_output):  # one that ended while this step ran ahead: void
             if request.request_id in runner_output.failed:
                 self.fail_request(request.request_id, runner_output.failed[request.request_id])
                 changed.append(request)
@@ -259,6 +290,7 @@ class Scheduler:
         request.metrics.finished_time = time.monotonic()
         self.kv.free(request)
         del self.requests[request.request_id]
+        self._on_worker.discard(request.request_id)
         self._freed_ids.append(request.request_id)
 
     def _record_step(self, scheduler_output: SchedulerOutput) -> None:

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from lamina.attention.layer import Attention
-from lamina.loader.hf_config import ModelArch
+from lamina.config import ModelArch
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 MIN_NUM_BLOCKS = 2  # the null block plus at least one usable block

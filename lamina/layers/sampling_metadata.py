@@ -1,6 +1,6 @@
-"""SamplingMetadata: the per-step batched tensors the Sampler needs, built from the batch's requests.
+"""SamplingMetadata: the per-step batched tensors the Sampler needs, built from the rows' SamplingParams.
 
-Row i of every tensor belongs to requests[i] (the order of the logits rows). Optional pieces are None
+Row i of every tensor belongs to params[i] (the order of the logits rows). Optional pieces are None
 when no row needs them, so the Sampler skips that work entirely:
 
     temperature  [B] float32   1.0 on greedy rows (a safe divisor; greedy rows take the argmax) | None
@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import torch
 
-from lamina.engine.request import Request
 from lamina.sampling_params import SamplingParams
 
 
@@ -72,39 +71,46 @@ class SamplingMetadata:
         return self.penalties is None
 
     @classmethod
-    def from_requests(cls, requests: list[Request], generators: dict[str, torch.Generator],
-                      vocab_size: int, device: torch.device, seeds: list[int] | None = None) -> SamplingMetadata:
-        """Build the step's metadata; `generators` maps request_id -> generator for seeded requests;
-        `seeds`, when given, are the rows' Philox keys for the sampling kernel (lamina.layers.sampler)."""
+    def build(cls, params: list[SamplingParams], vocab_size: int, device: torch.device, *,
+              generators: dict[int, torch.Generator] | None = None, seeds: list[int] | None = None,
+              penalties: PenaltyTensors | None = None, min_tokens: MinTokensMask | None = None) -> SamplingMetadata:
+        """The step's metadata, row i from params[i]. `generators`: row -> the generator of a seeded random
+        row (the torch path); `seeds`: the rows' Philox keys for the sampling kernel (lamina.layers.sampler),
+        given instead of generators; `penalties` and `min_tokens` as built by their owners."""
         if vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
-        params = [r.sampling_params for r in requests]
         greedy = [p.greedy for p in params]
         random_params = [p for p, g in zip(params, greedy) if not g]
         top_k = [_top_k(p, g, vocab_size) for p, g in zip(params, greedy)]
         logprobs = [p.logprobs for p in params if p.logprobs is not None]
+        generators = generators or {}
+        missing = [i for i, (p, g) in enumerate(zip(params, greedy)) if not g and p.seed is not None
+                   and i not in generators]
+        if seeds is None and missing:
+            raise ValueError(f"generators: seeded random rows {missing} have no generator (the runner creates "
+                             "one per seeded request)")
         return cls(
             temperature=(None if all(greedy) else
                          _floats([1.0 if g else p.temperature for p, g in zip(params, greedy)], device)),
             all_greedy=all(greedy),
             all_random=not any(greedy),
-            greedy_mask=(_to_device(greedy, torch.bool, device) if any(greedy) and not all(greedy) else None),
-            top_k=(_to_device(top_k, torch.int64, device)
+            greedy_mask=(host_to_device(greedy, torch.bool, device) if any(greedy) and not all(greedy) else None),
+            top_k=(host_to_device(top_k, torch.int64, device)
                    if any(0 < p.top_k < vocab_size for p in random_params) else None),
             max_top_k=max((k for k in top_k if k < vocab_size), default=1),
             top_p=(_floats([1.0 if g else p.top_p for p, g in zip(params, greedy)], device)
                    if any(p.top_p < 1.0 for p in random_params) else None),
             min_p=(_floats([0.0 if g else p.min_p for p, g in zip(params, greedy)], device)
                    if any(p.min_p > 0.0 for p in random_params) else None),
-            generators={} if seeds is not None else _row_generators(requests, greedy, generators),
+            generators={} if seeds is not None else {i: g for i, g in generators.items() if not greedy[i]},
             max_num_logprobs=max(logprobs, default=None),
-            penalties=_penalty_tensors(requests, vocab_size, device),
-            min_tokens=_min_tokens_mask(requests, vocab_size, device),
-            seeds=None if seeds is None else _to_device(seeds, torch.int64, device),
+            penalties=penalties,
+            min_tokens=min_tokens,
+            seeds=None if seeds is None else host_to_device(seeds, torch.int64, device),
         )
 
 
-def _to_device(values: list | torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def host_to_device(values: list | torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Host values on `device` without making the host wait (pinned memory, non-blocking copy)."""
     host = values.to(dtype) if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
     if device.type == "cpu":
@@ -113,7 +119,7 @@ def _to_device(values: list | torch.Tensor, dtype: torch.dtype, device: torch.de
 
 
 def _floats(values: list[float], device: torch.device) -> torch.Tensor:
-    return _to_device(values, torch.float32, device)
+    return host_to_device(values, torch.float32, device)
 
 
 def _top_k(params: SamplingParams, greedy: bool, vocab_size: int) -> int:
@@ -128,38 +134,22 @@ def _top_k(params: SamplingParams, greedy: bool, vocab_size: int) -> int:
     return min(params.top_k, vocab_size)
 
 
-def _row_generators(requests: list[Request], greedy: list[bool],
-                    generators: dict[str, torch.Generator]) -> dict[int, torch.Generator]:
-    rows: dict[int, torch.Generator] = {}
-    for i, (req, is_greedy) in enumerate(zip(requests, greedy)):
-        if is_greedy or req.sampling_params.seed is None:
-            continue
-        gen = generators.get(req.request_id)
-        if gen is None:
-            raise ValueError(f"request {req.request_id!r} has a seed but no generator was passed in "
-                             "`generators` (the runner creates one per seeded request)")
-        rows[i] = gen
-    return rows
-
-
-def _penalty_tensors(requests: list[Request], vocab_size: int,
-                     device: torch.device) -> PenaltyTensors | None:
-    params = [r.sampling_params for r in requests]
+def penalty_tensors(params: list[SamplingParams], prompts: list[list[int]], outputs: list[list[int]],
+                    vocab_size: int, device: torch.device) -> PenaltyTensors | None:
+    """Penalty tensors rebuilt from token lists (the oracle of the worker's incremental PenaltyState)."""
     rows = [i for i, p in enumerate(params) if p.has_penalties]
     if not rows:
         return None
-    shape = (len(requests), vocab_size)
+    shape = (len(params), vocab_size)
     rep_rows = [i for i in rows if params[i].repetition_penalty != 1.0]
     prompt_mask = None
     if rep_rows:
-        prompt_mask = _token_counts([requests[i].prompt_token_ids for i in rep_rows], rep_rows,
-                                    shape, device) > 0
+        prompt_mask = _token_counts([prompts[i] for i in rep_rows], rep_rows, shape, device) > 0
     return PenaltyTensors(
         repetition_penalties=_floats([p.repetition_penalty for p in params], device),
         frequency_penalties=_floats([p.frequency_penalty for p in params], device),
         presence_penalties=_floats([p.presence_penalty for p in params], device),
-        output_token_counts=_token_counts([requests[i].output_token_ids for i in rows], rows,
-                                          shape, device),
+        output_token_counts=_token_counts([outputs[i] for i in rows], rows, shape, device),
         prompt_token_mask=prompt_mask,
     )
 
@@ -175,30 +165,30 @@ def _token_counts(token_lists: list[list[int]], rows: list[int], shape: tuple[in
     lengths = torch.tensor([len(tokens) for tokens in token_lists], dtype=torch.int64)
     flat = torch.repeat_interleave(torch.tensor(rows, dtype=torch.int64), lengths) * vocab_size + ids
     counts = torch.zeros(shape[0] * vocab_size, dtype=torch.float32, device=device)
-    flat = _to_device(flat, torch.int64, device)
+    flat = host_to_device(flat, torch.int64, device)
     counts.scatter_add_(0, flat, torch.ones(flat.shape, dtype=torch.float32, device=device))
     return counts.view(shape)
 
 
-def _min_tokens_mask(requests: list[Request], vocab_size: int,
-                     device: torch.device) -> MinTokensMask | None:
+def min_tokens_mask(params: list[SamplingParams], num_output_tokens: list[int], eos_token_ids: list[frozenset[int]],
+                    vocab_size: int, device: torch.device) -> MinTokensMask | None:
+    """EOS and stop ids of the rows still below their min_tokens; None when no row is."""
     rows: list[int] = []
     token_ids: list[int] = []
-    for i, req in enumerate(requests):
-        params = req.sampling_params
-        if len(req.output_token_ids) >= params.min_tokens:
+    for i, (p, num_out, eos) in enumerate(zip(params, num_output_tokens, eos_token_ids)):
+        if num_out >= p.min_tokens:
             continue
-        banned = set(params.stop_token_ids or ())
-        if not params.ignore_eos:
-            banned |= set(req.eos_token_ids)
+        banned = set(p.stop_token_ids or ())
+        if not p.ignore_eos:
+            banned |= set(eos)
         # an id outside the vocabulary can never be sampled, so there is nothing to mask
         kept = sorted(t for t in banned if 0 <= t < vocab_size)
         rows.extend([i] * len(kept))
         token_ids.extend(kept)
     if not rows:
         return None
-    return MinTokensMask(rows=_to_device(rows, torch.int64, device),
-                         token_ids=_to_device(token_ids, torch.int64, device))
+    return MinTokensMask(rows=host_to_device(rows, torch.int64, device),
+                         token_ids=host_to_device(token_ids, torch.int64, device))
 
 
 _MASK64 = (1 << 64) - 1
@@ -212,13 +202,12 @@ def _mix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def philox_keys(requests: list[Request], sample_positions: list[int], step_key: int) -> list[int]:
-    """The sampling kernel's key of each row, as int64. A seeded request's key depends only on its seed
-    and the index of the token it samples, so its tokens do not depend on the batch, on async
-    scheduling or on preemption; the others take step_key + row (step_key fresh every step)."""
+def philox_keys(seeds: list[int | None], sample_positions: list[int], step_key: int) -> list[int]:
+    """The sampling kernel's key of each row, as int64. A seeded row's key depends only on its seed and
+    the index of the token it samples, so its tokens do not depend on the batch, on async scheduling or
+    on preemption; the others take step_key + row (step_key fresh every step)."""
     keys = []
-    for row, (request, position) in enumerate(zip(requests, sample_positions)):
-        seed = request.sampling_params.seed
+    for row, (seed, position) in enumerate(zip(seeds, sample_positions)):
         key = (step_key + row) & _MASK64 if seed is None else _mix64(_mix64(seed & _MASK64) ^ position)
         keys.append(key - (1 << 64) if key >= 1 << 63 else key)
     return keys

@@ -1,14 +1,14 @@
-"""Flatten one SchedulerOutput into the inputs a forward needs: first as host lists (`HostBatch`),
-then as device tensors (`InputBatch`) in two copies.
+"""Flatten one SchedulerOutput, over the worker's copies of its requests (BatchState), into the inputs a
+forward needs: first as host lists (`HostBatch`), then as device tensors (`InputBatch`) in two copies.
 
-    request r, scheduled q tokens, context c = num_computed_tokens:
+    request r, scheduled q tokens, context c = num_computed_tokens, tokens = r's token ids + its drafts:
       input_ids   += tokens[c : c + q]          positions += [c, c + q)
       slot_mapping += block_ids[p // bs] * bs + p % bs   for p in [c, c + q)
       seq_lens    += c + q
       logits index = last flattened token of r, only if c + q reaches the end of r's tokens
       sample position = c + q: the index in r's tokens of the token it samples (keys its random draw)
-    a decode_ahead step: one token at position num_tokens (c = num_tokens, q = 1), input id 0 until the
-    model runner writes the in-flight step's sample there
+    a decode_ahead step: one token at position c (q = 1), input id 0 until the model runner writes the
+    in-flight step's sample there; it always samples
 
 The device copy packs the int64 lists (ids, positions, slots, logits rows) into one host array and
 the int32 ones (query starts, seq lens, block tables) into another, each field 16-byte aligned: two
@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from lamina.attention.metadata import AttentionMetadata
-from lamina.engine.interfaces import SchedulerOutput
-from lamina.engine.request import Request
+from lamina.step import SchedulerOutput
+from lamina.worker.batch_state import BatchState
 
 
 @dataclass
@@ -39,7 +39,7 @@ class HostBatch:
     seq_lens: list[int]  # [B]
     block_tables: list[list[int]]  # [B][W]: each request's block ids, padded with 0 to the widest
     logits_indices: list[int]  # [S]
-    sampling_requests: list[Request]  # the S requests that sample a token this step
+    sampling_req_ids: list[str]  # the S requests that sample a token this step
     sample_positions: list[int] = field(default_factory=list)  # [S]: index of the token each one samples
 
     @property
@@ -63,34 +63,35 @@ class InputBatch:
     positions: torch.Tensor  # [T]
     attn_metadata: AttentionMetadata
     logits_indices: torch.Tensor  # [S]: rows of the hidden states to turn into logits
-    sampling_requests: list[Request]  # the S requests that sample a token this step
 
 
-def _token_slice(request: Request, start: int, end: int) -> list[int]:
-    tokens = request.all_token_ids
+def _token_slice(tokens: list[int], drafts: list[int], start: int, end: int) -> list[int]:
     if end <= len(tokens):
         return tokens[start:end]
-    return (tokens + request.spec_token_ids)[start:end]
+    return (tokens + drafts)[start:end]
 
 
-def plan_batch(scheduled: SchedulerOutput, block_size: int) -> HostBatch:
+def plan_batch(scheduled: SchedulerOutput, states: BatchState, block_size: int) -> HostBatch:
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
     query_start = [0]
     seq_lens: list[int] = []
     logits_indices: list[int] = []
-    sampling: list[Request] = []
+    sampling: list[str] = []
     sample_positions: list[int] = []
-    for request in scheduled.requests:
+    tables: list[list[int]] = []
+    drafts = scheduled.scheduled_spec_decode_tokens
+    for req_id in scheduled.req_ids:
+        state = states[req_id]
+        start = state.num_computed_tokens
+        end = start + scheduled.num_scheduled_tokens[req_id]
         if scheduled.decode_ahead:  # the token the step in flight samples: the runner fills in its id
-            start, end = request.num_tokens, request.num_tokens + 1
             input_ids.append(0)
         else:
-            start = request.num_computed_tokens
-            end = start + scheduled.num_scheduled_tokens[request.request_id]
-            input_ids += _token_slice(request, start, end)
-        blocks = request.block_ids
+            input_ids += _token_slice(state.token_ids, drafts.get(req_id, []), start, end)
+        blocks = state.block_ids
+        tables.append(blocks)
         if end - start == 1:  # a decode: the common case, kept cheap
             positions.append(start)
             slots.append(blocks[start // block_size] * block_size + start % block_size)
@@ -99,12 +100,12 @@ def plan_batch(scheduled: SchedulerOutput, block_size: int) -> HostBatch:
             slots += [blocks[pos // block_size] * block_size + pos % block_size for pos in range(start, end)]
         query_start.append(len(input_ids))
         seq_lens.append(end)
-        if end >= request.num_tokens:  # (always, ahead)
+        if end >= state.num_tokens or scheduled.decode_ahead:
             logits_indices.append(len(input_ids) - 1)
-            sampling.append(request)
+            sampling.append(req_id)
             sample_positions.append(end)
-    width = max(len(r.block_ids) for r in scheduled.requests)
-    tables = [r.block_ids + [0] * (width - len(r.block_ids)) for r in scheduled.requests]
+    width = max(len(t) for t in tables)
+    tables = [t + [0] * (width - len(t)) for t in tables]
     return HostBatch(input_ids, positions, slots, query_start, seq_lens, tables, logits_indices, sampling,
                      sample_positions)
 
@@ -144,9 +145,4 @@ def to_device(host: HostBatch, device: torch.device) -> InputBatch:
         slot_mapping=slots, query_start_loc=query_start, seq_lens=seq_lens,
         block_tables=tables.view(num_seqs, width), max_query_len=host.max_query_len,
         max_seq_len=max(host.seq_lens), query_start_loc_cpu=host.query_start_loc, seq_lens_cpu=host.seq_lens)
-    return InputBatch(input_ids=ids, positions=positions, attn_metadata=metadata, logits_indices=logits_indices,
-                      sampling_requests=host.sampling_requests)
-
-
-def build_input_batch(scheduled: SchedulerOutput, block_size: int, device: torch.device) -> InputBatch:
-    return to_device(plan_batch(scheduled, block_size), device)
+    return InputBatch(input_ids=ids, positions=positions, attn_metadata=metadata, logits_indices=logits_indices)

@@ -15,7 +15,7 @@ import torch
 
 from lamina.attention.metadata import set_attention_metadata
 from lamina.kv.cache import MIN_NUM_BLOCKS, allocate_kv_caches, bind_kv_caches
-from lamina.loader.hf_config import ModelArch
+from lamina.config import ModelArch
 from lamina.worker.warmup import null_block_metadata, precompile
 
 

@@ -1,13 +1,16 @@
 """ModelRunner: the only place that builds tensors. One call launches one engine step.
 
-`launch` queues a step's work on the device and returns a `PendingStep`, whose sampled tokens stay on
-the device until `result()` reads them (the step's one host sync). A `decode_ahead` step is launched
-before the previous step's result is read: its input ids are that step's samples, copied on the device.
+`execute_model` applies the step message to the worker's copies of its requests (BatchState), queues the
+step's work on the device and returns a `PendingStep`, whose sampled tokens stay on the device until
+`result()` reads them (the step's one host sync) and records them in BatchState. A `decode_ahead` step is
+launched before the previous step's result is read: its input ids are that step's samples, copied on the
+device.
 """
 from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,13 +18,14 @@ import torch
 
 from lamina.attention.metadata import set_attention_metadata
 from lamina.failures import is_fatal
-from lamina.engine.interfaces import ModelRunnerOutput, SchedulerOutput
-from lamina.engine.request import Request
 from lamina.layers.sampler import (LogprobsTensors, Sampler, SamplerOutput, SamplingMetadata, to_logprob_dicts,
                                    uses_sampling_kernel)
-from lamina.layers.sampling_metadata import philox_keys
+from lamina.layers.sampling_metadata import min_tokens_mask, philox_keys
+from lamina.step import ModelRunnerOutput, SchedulerOutput
+from lamina.worker.batch_state import BatchState
 from lamina.worker.cuda_graphs import CudaGraphRunner
 from lamina.worker.input_batch import HostBatch, plan_batch, to_device
+from lamina.worker.penalty_state import PenaltyState
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:
@@ -41,17 +45,20 @@ def _select_rows(t: torch.Tensor, rows: list[int], device: torch.device) -> torc
 
 @dataclass
 class PendingStep:
-    """A launched step: row i of `sampled` is the token of requests[i], still on the device; `failed`:
-    the requests whose sampling raised (request_id -> error), in no row.
+    """A launched step: row i of `sampled` is the token of req_ids[i], still on the device; `failed`:
+    the requests whose sampling raised (request_id -> error), in no row. `num_logprobs[i]`: how many
+    logprobs req_ids[i] asked for (None: none). `on_result` gets the answer once it is read.
 
     The copies to the host are queued right behind the step's own work, before any later step is
     launched, so `result()` waits for this step only, not for the one launched after it.
     """
 
-    requests: list[Request]
+    req_ids: list[str]
     sampled: torch.Tensor | None  # [S] int64 on the device; None when no request samples
     logprobs: LogprobsTensors | None = None
+    num_logprobs: list[int | None] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
+    on_result: Callable[[ModelRunnerOutput], None] | None = None
 
     def __post_init__(self) -> None:
         self._host_sampled = None if self.sampled is None else _to_host(self.sampled)
@@ -67,22 +74,27 @@ class PendingStep:
 
     def row_of(self, request_id: str) -> int | None:
         if self._rows is None:
-            self._rows = {r.request_id: i for i, r in enumerate(self.requests)}
+            self._rows = {r: i for i, r in enumerate(self.req_ids)}
         return self._rows.get(request_id)
 
     def result(self) -> ModelRunnerOutput:
         """Wait for the step and return its tokens (and logprobs) on the host."""
+        output = self._read()
+        if self.on_result is not None:
+            self.on_result(output)
+        return output
+
+    def _read(self) -> ModelRunnerOutput:
         if self._host_sampled is None:
             return ModelRunnerOutput(sampled_token_ids={}, failed=self.failed)
         if self._done is not None:
             self._done.synchronize()
         token_ids = self._host_sampled.tolist()
-        sampled = {r.request_id: [t] for r, t in zip(self.requests, token_ids)}
+        sampled = {r: [t] for r, t in zip(self.req_ids, token_ids)}
         logprobs = {}
         if self._host_logprobs is not None:
-            rows = to_logprob_dicts(self._host_logprobs, token_ids,
-                                    [r.sampling_params.logprobs for r in self.requests])
-            logprobs = {r.request_id: [row] for r, row in zip(self.requests, rows) if row is not None}
+            rows = to_logprob_dicts(self._host_logprobs, token_ids, self.num_logprobs)
+            logprobs = {r: [row] for r, row in zip(self.req_ids, rows) if row is not None}
         return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, failed=self.failed)
 
 
@@ -93,68 +105,86 @@ class ModelRunner:
         self.block_size = block_size
         self.vocab_size = vocab_size
         self.device = device
+        self.states = BatchState(PenaltyState(vocab_size, device))
         self.sampler = Sampler(generator=torch.Generator(device).manual_seed(seed))
         self._generators: dict[str, torch.Generator] = {}
         self._step_keys = random.Random(seed)  # keys of the rows without a seed, fresh every step
+        self._last: PendingStep | None = None  # the step launched last (a decode_ahead step reads its tokens)
         self.kernel_sampling = uses_sampling_kernel(device)  # the one place that picks the sampling path
         self.graphs: CudaGraphRunner | None = None  # set by the Worker when decode steps are captured
 
-
     @torch.inference_mode()
-    def launch(self, scheduled: SchedulerOutput, previous: PendingStep | None = None) -> PendingStep:
-        """Queue the step on the device. A decode_ahead step needs `previous`, the step it follows."""
+    def execute_model(self, scheduled: SchedulerOutput) -> PendingStep:
+        """Apply the message to the worker's request copies and queue the step on the device."""
+        self.states.apply(scheduled)
         for request_id in scheduled.finished_req_ids:
             self._generators.pop(request_id, None)
+        previous, self._last = self._last, None
         if scheduled.is_empty:
             return PendingStep([], None)
-        host = plan_batch(scheduled, self.block_size)
-        ahead_ids = self._ahead_input_ids(scheduled, previous) if scheduled.decode_ahead else None
+        host = plan_batch(scheduled, self.states, self.block_size)
+        ahead_ids = self._ahead_input_ids(host.sampling_req_ids, previous) if scheduled.decode_ahead else None
         hidden = self._forward(host, ahead_ids)
-        if not host.sampling_requests:
+        if not host.sampling_req_ids:
             return PendingStep([], None)
         logits = self.model.compute_logits(hidden)
-        requests, keys = host.sampling_requests, self._philox_keys(host)
+        req_ids, keys = host.sampling_req_ids, self._philox_keys(host)
         try:
-            out = self._sample(logits, requests, keys)
+            out = self._sample(logits, req_ids, keys)
         except Exception as err:  # noqa: BLE001 - one row's failure must not fail the batch
             if is_fatal(err):
                 raise
-            return self._sample_isolating(logits, requests, keys, err)
-        return PendingStep(requests, out.sampled_token_ids, out.logprobs)
+            return self._sample_isolating(logits, req_ids, keys, err)
+        self._last = self._pending(req_ids, out)
+        return self._last
 
-    def _sample(self, logits: torch.Tensor, requests: list[Request], keys: list[int] | None) -> SamplerOutput:
-        generators = {} if keys is not None else self._generators_for(requests)  # the torch path's
-        metadata = SamplingMetadata.from_requests(requests, generators, self.vocab_size, self.device, keys)
+    def _pending(self, req_ids: list[str], out: SamplerOutput, failed: dict[str, str] | None = None) -> PendingStep:
+        """Count the samples for penalties (on the device) and wrap the step."""
+        self.states.penalties.update(req_ids, out.sampled_token_ids)
+        num_logprobs = [self.states[r].sampling_params.logprobs for r in req_ids]
+        return PendingStep(req_ids, out.sampled_token_ids, out.logprobs, num_logprobs, failed or {},
+                           on_result=self.states.record)
+
+    def _sample(self, logits: torch.Tensor, req_ids: list[str], keys: list[int] | None) -> SamplerOutput:
+        states = [self.states[r] for r in req_ids]
+        params = [s.sampling_params for s in states]
+        generators = {} if keys is not None else self._generators_for(req_ids, params)  # the torch path's
+        metadata = SamplingMetadata.build(
+            params, self.vocab_size, self.device, generators=generators, seeds=keys,
+            penalties=self.states.penalties.tensors(req_ids, params),
+            min_tokens=min_tokens_mask(params, [s.num_output_tokens for s in states],
+                                       [s.eos_token_ids for s in states], self.vocab_size, self.device))
         return self.sampler(logits, metadata)
 
-    def _sample_isolating(self, logits: torch.Tensor, requests: list[Request], keys: list[int] | None,
+    def _sample_isolating(self, logits: torch.Tensor, req_ids: list[str], keys: list[int] | None,
                           err: Exception) -> PendingStep:
         """The batch's sampling raised: the rows that raise alone fail (PendingStep.failed), the others are
         sampled together again. If no row raises alone the batch is at fault: `err` is raised again.
         (Only on this path, a seeded row's CPU generator may advance more than once for one token.)"""
         failed: dict[str, str] = {}
-        for row, request in enumerate(requests):
+        for row, req_id in enumerate(req_ids):
             try:
-                self._sample(logits[row:row + 1], [request], None if keys is None else keys[row:row + 1])
+                self._sample(logits[row:row + 1], [req_id], None if keys is None else keys[row:row + 1])
             except Exception as row_err:  # noqa: BLE001 - this row's request ends with the error
                 if is_fatal(row_err):
                     raise
-                failed[request.request_id] = f"sampling failed: {row_err!r}"
+                failed[req_id] = f"sampling failed: {row_err!r}"
         if not failed:
             raise err
-        rows = [i for i, r in enumerate(requests) if r.request_id not in failed]
+        rows = [i for i, r in enumerate(req_ids) if r not in failed]
         if not rows:
             return PendingStep([], None, failed=failed)
-        kept = [requests[i] for i in rows]
+        kept = [req_ids[i] for i in rows]
         out = self._sample(_select_rows(logits, rows, self.device), kept,
                            None if keys is None else [keys[i] for i in rows])
-        return PendingStep(kept, out.sampled_token_ids, out.logprobs, failed=failed)
+        self._last = self._pending(kept, out, failed)
+        return self._last
 
-    def _ahead_input_ids(self, scheduled: SchedulerOutput, previous: PendingStep | None) -> torch.Tensor:
+    def _ahead_input_ids(self, req_ids: list[str], previous: PendingStep | None) -> torch.Tensor:
         """The tokens `previous` samples for the requests of a decode_ahead step, in batch order."""
         if previous is None or previous.sampled is None:
             raise ValueError("a decode_ahead step needs the pending step it follows")
-        rows = [previous.row_of(r.request_id) for r in scheduled.requests]
+        rows = [previous.row_of(r) for r in req_ids]
         if None in rows:
             raise ValueError("a decode_ahead request does not sample in the pending step")
         return _select_rows(previous.sampled, rows, self.device)
@@ -175,18 +205,24 @@ class ModelRunner:
     def _philox_keys(self, host: HostBatch) -> list[int] | None:
         """Per-row keys of the sampling kernel (lamina.layers.sampler); None when it is not used: on the
         torch path (CPU, or no triton) and in all-greedy steps (an argmax draws nothing)."""
-        if not self.kernel_sampling or all(r.sampling_params.greedy for r in host.sampling_requests):
+        if not self.kernel_sampling:
             return None
-        return philox_keys(host.sampling_requests, host.sample_positions, self._step_keys.getrandbits(63))
+        params = [self.states[r].sampling_params for r in host.sampling_req_ids]
+        if all(p.greedy for p in params):
+            return None
+        return philox_keys([p.seed for p in params], host.sample_positions, self._step_keys.getrandbits(63))
 
-    def _generators_for(self, requests: list[Request]) -> dict[str, torch.Generator]:
-        """A request with a seed owns a generator for its whole life (so its samples do not
-        depend on what it is batched with); it is created the first time the request samples.
-        Any integer is a seed: torch takes 64 bits, so it gets `seed mod 2**64` (the key the CUDA
-        sampling kernel uses too, lamina.layers.sampling_metadata.philox_keys; the same generator as
-        before for every seed in [-2**63, 2**64))."""
-        for request in requests:
-            seed = request.sampling_params.seed
-            if seed is not None and request.request_id not in self._generators:
-                self._generators[request.request_id] = torch.Generator(self.device).manual_seed(seed % 2**64)
-        return self._generators
+    def _generators_for(self, req_ids: list[str], params: list) -> dict[int, torch.Generator]:
+        """Row -> generator of the seeded rows. A request with a seed owns a generator for its whole life
+        (so its samples do not depend on what it is batched with); it is created the first time the
+        request samples. Any integer is a seed: torch takes 64 bits, so it gets `seed mod 2**64` (the key
+        the CUDA sampling kernel uses too, lamina.layers.sampling_metadata.philox_keys; the same generator
+        as before for every seed in [-2**63, 2**64))."""
+        rows: dict[int, torch.Generator] = {}
+        for row, (req_id, p) in enumerate(zip(req_ids, params)):
+            if p.seed is None:
+                continue
+            if req_id not in self._generators:
+                self._generators[req_id] = torch.Generator(self.device).manual_seed(p.seed % 2**64)
+            rows[row] = self._generators[req_id]
+        return rows

@@ -1,4 +1,13 @@
-"""Worker: loads the model, sizes and allocates the paged KV cache, owns the ModelRunner."""
+"""Worker: loads the model, sizes and allocates the paged KV cache, owns the ModelRunner.
+
+Its life, driven by an executor (lamina/executor/):
+
+    Worker(config, arch)            load the weights
+    determine_num_blocks()          KV blocks that fit (profiled on CUDA; the executor takes the minimum)
+    initialize_cache(num_blocks)    allocate and bind the KV cache; fixes max_model_len
+    compile_and_capture(max_seqs)   compile kernels, capture decode CUDA graphs
+    execute_model(step message)     one step -> PendingStep
+"""
 from __future__ import annotations
 
 import logging
@@ -6,36 +15,18 @@ import time
 
 import torch
 
-from lamina.config import DEFAULT_CPU_KV_BYTES, EngineConfig
-from lamina.engine.interfaces import SchedulerOutput
+from lamina.config import DEFAULT_CPU_KV_BYTES, EngineConfig, ModelArch
+from lamina.device import resolve_device, resolve_dtype
 from lamina.kv.cache import allocate_kv_caches, attention_layers, bind_kv_caches, kv_cache_bytes_per_block
-from lamina.loader.hf_config import ModelArch, check_model_len
+from lamina.loader.hf_config import check_model_len
 from lamina.loader.model_loader import load_model
+from lamina.step import SchedulerOutput
 from lamina.worker.cuda_graphs import CudaGraphRunner, graph_decision
 from lamina.worker.kv_sizing import blocks_for_utilization, profile_peak_bytes
 from lamina.worker.model_runner import ModelRunner, PendingStep
 from lamina.worker.warmup import warm_up_kernels
 
 logger = logging.getLogger(__name__)
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device: 'cuda' was asked for but no CUDA GPU is available; use 'cpu' or 'auto'")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, arch: ModelArch, device: torch.device) -> torch.dtype:
-    """"auto" runs the checkpoint's dtype on a GPU and float32 on the CPU (exact and fast there)."""
-    if name != "auto":
-        return _DTYPES[name]
-    if device.type == "cpu":
-        return torch.float32
-    return _DTYPES.get(arch.torch_dtype or "", torch.bfloat16)
 
 
 class Worker:
@@ -48,17 +39,30 @@ class Worker:
         self.model = load_model(config.model_config.model, arch, self.dtype, self.device,
                                 load_format=config.model_config.load_format,
                                 attention_backend=config.attention_backend)
-        self.num_blocks = self._num_kv_blocks()
-        self.kv_capacity_tokens = (self.num_blocks - 1) * cache.block_size
-        self.max_model_len = self._max_model_len()
-        check_model_len(arch, self.max_model_len)
-        caches = allocate_kv_caches(arch, self.num_blocks, cache.block_size, self.dtype, self.device)
-        bind_kv_caches(self.model, caches)
-        logger.info("KV cache: %d blocks of %d tokens (%d tokens), max_model_len %d, %s on %s",
-                    self.num_blocks, cache.block_size, self.kv_capacity_tokens, self.max_model_len,
-                    self.dtype, self.device)
         self.runner = ModelRunner(self.model, cache.block_size, arch.vocab_size, self.device,
                                   config.model_config.seed)
+        self.num_blocks = 0  # set by initialize_cache
+        self.max_model_len = 0
+
+    def determine_num_blocks(self) -> int:
+        """KV blocks this worker can hold: asked for, or what its memory budget fits."""
+        return self._num_kv_blocks()
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        """Allocate `num_blocks` KV blocks, bind them to the attention layers and fix max_model_len."""
+        cache = self.config.cache_config
+        self.num_blocks = num_blocks
+        self.max_model_len = self._max_model_len()
+        check_model_len(self.arch, self.max_model_len)
+        bind_kv_caches(self.model, allocate_kv_caches(self.arch, num_blocks, cache.block_size, self.dtype,
+                                                      self.device))
+        logger.info("KV cache: %d blocks of %d tokens (%d tokens), max_model_len %d, %s on %s",
+                    num_blocks, cache.block_size, self.kv_capacity_tokens, self.max_model_len,
+                    self.dtype, self.device)
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return (self.num_blocks - 1) * self.config.cache_config.block_size
 
     def compile_and_capture(self, max_num_seqs: int) -> None:
         """Compile every kernel variant now, not in the first requests, and capture the decode graphs of
@@ -136,6 +140,5 @@ class Worker:
                              f"kv_cache_memory_bytes, or lower max_model_len")
         return asked
 
-
-    def launch(self, scheduled: SchedulerOutput, previous: PendingStep | None = None) -> PendingStep:
-        return self.runner.launch(scheduled, previous)
+    def execute_model(self, scheduled: SchedulerOutput) -> PendingStep:
+        return self.runner.execute_model(scheduled)

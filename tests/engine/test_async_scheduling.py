@@ -32,7 +32,7 @@ def count_ahead_steps(engine: LLMEngine) -> list[int]:
     def counted(inflight):  # noqa: ANN001, ANN202
         ahead = original(inflight)
         if ahead is not None:
-            sizes.append(len(ahead.requests))
+            sizes.append(len(ahead.req_ids))
         return ahead
 
     engine.scheduler.schedule_ahead = counted

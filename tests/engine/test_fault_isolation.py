@@ -62,7 +62,7 @@ def test_the_runner_takes_any_integer_seed_mod_2_64(llm: LLM) -> None:
 
 
 def test_a_forward_that_raises_mid_batch_fails_that_step_only(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
-    engine, runner = llm.engine, llm.engine.worker.runner
+    engine, runner = llm.engine, llm.engine.executor.worker.runner
     reference = llm.generate("class Point:", GREEDY, use_tqdm=False)[0].outputs[0].token_ids
     engine.add_request("def add(a, b):", GREEDY, request_id="a")
     engine.add_request("import os", SamplingParams(temperature=0, max_tokens=8, n=2, ignore_eos=True),
@@ -100,7 +100,7 @@ def _failing_sampler(sampler):
 
 def test_a_sampler_that_raises_for_one_row_fails_that_request_only(llm: LLM,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    engine, runner = llm.engine, llm.engine.worker.runner
+    engine, runner = llm.engine, llm.engine.executor.worker.runner
     prompts = ["def add(a, b):", "class Point:", "import os"]
     expected = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
     monkeypatch.setattr(runner, "sampler", _failing_sampler(runner.sampler))
@@ -118,7 +118,8 @@ def test_a_sampler_that_raises_for_one_row_fails_that_request_only(llm: LLM,
 
 
 def test_the_python_api_returns_error_outputs_and_keeps_working(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(llm.engine.worker.runner, "sampler", _failing_sampler(llm.engine.worker.runner.sampler))
+    runner = llm.engine.executor.worker.runner
+    monkeypatch.setattr(runner, "sampler", _failing_sampler(runner.sampler))
     params = [GREEDY, SamplingParams(temperature=MARKED, max_tokens=4)]
     good, bad = llm.generate(["print(", "print("], params, use_tqdm=False)
     assert good.outputs[0].finish_reason == "length" and bad.outputs[0].finish_reason == "error"
@@ -132,7 +133,7 @@ def test_repeated_step_failures_break_the_engine_after_failing_their_requests(
     def broken(*args: object) -> torch.Tensor:
         raise RuntimeError("kernel failed (simulated)")
 
-    monkeypatch.setattr(engine.worker.runner, "_forward", broken)
+    monkeypatch.setattr(engine.executor.worker.runner, "_forward", broken)
     for i in range(MAX_FAILED_STEPS - 1):
         engine.add_request("x", GREEDY, request_id=f"r{i}")
         assert engine.step()[0].outputs[0].finish_reason == "error"
@@ -150,7 +151,7 @@ def test_a_lost_device_breaks_the_engine_at_once(llm: LLM, monkeypatch: pytest.M
     def lost(*args: object) -> torch.Tensor:
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    monkeypatch.setattr(llm.engine.worker.runner, "_forward", lost)
+    monkeypatch.setattr(llm.engine.executor.worker.runner, "_forward", lost)
     llm.engine.add_request("x", GREEDY, request_id="lost")
     with pytest.raises(EngineBrokenError, match="device failed"):
         llm.engine.step()

@@ -13,8 +13,9 @@ pytest.importorskip("triton")
 
 from lamina.kernels import sampling  # noqa: E402
 from lamina.layers.sampler import apply_min_p, apply_top_k_top_p, sample_with_kernel  # noqa: E402
-from lamina.layers.sampling_metadata import SamplingMetadata, philox_keys  # noqa: E402
+from lamina.layers.sampling_metadata import philox_keys  # noqa: E402
 from lamina.sampling_params import SamplingParams  # noqa: E402
+from tests.helpers.sampling import metadata_for
 from tests.layers.test_sampler import LOGITS8, accepts, make_request, ref_dist  # noqa: E402
 
 N = 600
@@ -101,9 +102,9 @@ def test_sampler_kernel_path_mixes_greedy_top_k_and_seeded_rows() -> None:
     params = [SamplingParams(temperature=0.0), SamplingParams(top_k=2, seed=5), SamplingParams(top_p=0.5),
               SamplingParams(temperature=0.8, min_p=0.2)]
     requests = [make_request(f"r{i}", p) for i, p in enumerate(params)]
-    row_keys = philox_keys(requests, [3] * 4, step_key=99)
+    row_keys = philox_keys([p.seed for p in params], [3] * 4, step_key=99)
     generators = {"r1": torch.Generator().manual_seed(5)}  # the torch path's; the kernel ignores it
-    metadata = SamplingMetadata.from_requests(requests, generators, 8, CPU, row_keys)
+    metadata = metadata_for(requests, generators, 8, CPU, row_keys)
     logits = rows(LOGITS8, 4)
     tokens = [sample_with_kernel(sampling, logits, metadata).tolist() for _ in range(3)]
     assert all(t[0] == 2 for t in tokens)  # greedy
@@ -115,11 +116,11 @@ def test_sampler_kernel_path_mixes_greedy_top_k_and_seeded_rows() -> None:
 def test_philox_keys_depend_on_seed_and_position_only() -> None:
     seeded = make_request("a", SamplingParams(seed=2**63 - 5))  # the largest seeds (int64) are valid key sources
     free = make_request("b", SamplingParams())
-    first = philox_keys([seeded, free], [10, 4], step_key=500)
-    again = philox_keys([free, seeded], [4, 10], step_key=77)
+    first = philox_keys([seeded.sampling_params.seed, free.sampling_params.seed], [10, 4], step_key=500)
+    again = philox_keys([free.sampling_params.seed, seeded.sampling_params.seed], [4, 10], step_key=77)
     assert first[0] == again[1]
     assert first[1] == 501 and again[0] == 77
-    assert philox_keys([seeded], [11], step_key=0)[0] != first[0]
+    assert philox_keys([seeded.sampling_params.seed], [11], step_key=0)[0] != first[0]
     assert all(-2**63 <= k < 2**63 for k in first)
 
 
@@ -130,6 +131,6 @@ def test_the_runner_picks_the_path_and_keyed_rows_need_no_generators() -> None:
     assert not uses_sampling_kernel(CPU)
     seeded = [make_request("s", SamplingParams(seed=3, temperature=0.9))]
     with pytest.raises(ValueError, match="generator"):  # the torch path needs the request's generator
-        SamplingMetadata.from_requests(seeded, {}, 8, CPU)
-    keyed = SamplingMetadata.from_requests(seeded, {}, 8, CPU, philox_keys(seeded, [5], step_key=1))
+        metadata_for(seeded, {}, 8, CPU)
+    keyed = metadata_for(seeded, {}, 8, CPU, philox_keys([seeded[0].sampling_params.seed], [5], step_key=1))
     assert keyed.generators == {} and keyed.seeds is not None

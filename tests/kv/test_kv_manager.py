@@ -24,24 +24,24 @@ def run_prefill(mgr: KVCacheManager, req: Request, commit: bool = True) -> None:
 
 def snapshot(mgr: KVCacheManager, *reqs: Request) -> tuple:
     return (mgr.num_free_blocks, mgr.num_cached_blocks, mgr.num_evictable_blocks, mgr.stats,
-            [list(r.block_ids) for r in reqs], list(mgr.block_pool.free_block_ids()))
+            [list(mgr.block_ids(r.request_id)) for r in reqs], list(mgr.block_pool.free_block_ids()))
 
 
 def test_allocation_grows_across_block_boundaries() -> None:
     mgr = KVCacheManager(num_blocks=10, block_size=4, enable_prefix_caching=False)
     req = make_request("a", list(range(10)))
     assert mgr.allocate_slots(req, 10)
-    assert len(req.block_ids) == 3 and 0 not in req.block_ids
+    assert len(mgr.block_ids(req.request_id)) == 3 and 0 not in mgr.block_ids(req.request_id)
     req.num_computed_tokens = 10
-    assert mgr.allocate_slots(req, 2) and len(req.block_ids) == 3  # 12 tokens still fit
-    first = list(req.block_ids)
-    assert mgr.allocate_slots(req, 3) and len(req.block_ids) == 4  # 13 tokens need a 4th block
-    assert req.block_ids[:3] == first
+    assert mgr.allocate_slots(req, 2) and len(mgr.block_ids(req.request_id)) == 3  # 12 tokens still fit
+    first = list(mgr.block_ids(req.request_id))
+    assert mgr.allocate_slots(req, 3) and len(mgr.block_ids(req.request_id)) == 4  # 13 tokens need a 4th block
+    assert mgr.block_ids(req.request_id)[:3] == first
     assert mgr.num_free_blocks == 9 - 4 and mgr.usage == pytest.approx(4 / 9)
     mgr.check_integrity()
     mgr.free(req)
     mgr.free(req)  # idempotent
-    assert req.block_ids == [] and mgr.num_free_blocks == 9
+    assert mgr.block_ids(req.request_id) == [] and mgr.num_free_blocks == 9
     mgr.check_integrity()
 
 
@@ -70,7 +70,7 @@ def test_locking_an_evictable_prefix_is_accounted_for_atomically() -> None:
     assert snapshot(mgr, b) == before and all(n.lock_ref == 0 for n in prefix.nodes)
     mgr.check_integrity()
     assert mgr.allocate_slots(b, 1, prefix)  # one new block fits
-    assert b.block_ids[:3] == [n.block_id for n in prefix.nodes] and len(b.block_ids) == 4
+    assert mgr.block_ids("b")[:3] == [n.block_id for n in prefix.nodes] and len(mgr.block_ids("b")) == 4
     assert mgr.stats == PrefixCacheStats(queries=6 + 9, hits=6)
     mgr.check_integrity()
 
@@ -114,11 +114,12 @@ def test_commit_of_a_block_computed_twice_keeps_one_copy() -> None:
     a, b = make_request("a", list(range(10))), make_request("b", list(range(10)))
     run_prefill(mgr, a, commit=False)
     run_prefill(mgr, b, commit=False)  # both computed the same prompt concurrently
-    b_private = list(b.block_ids)
+    b_private = list(mgr.block_ids(b.request_id))
     mgr.commit(a, 10)
     free_before = mgr.num_free_blocks
     mgr.commit(b, 10)
-    assert b.block_ids[:2] == a.block_ids[:2] and b.block_ids[2] == b_private[2]
+    b_table = mgr.block_ids(b.request_id)
+    assert b_table[:2] == mgr.block_ids(a.request_id)[:2] and b_table[2] == b_private[2]
     assert mgr.num_free_blocks == free_before + 2 and mgr.block_pool.is_free(b_private[0])
     assert mgr.num_cached_blocks == 2
     assert [n.lock_ref for n in mgr.match_prefix(make_request("c", list(range(9)))).nodes] == [2, 2]
@@ -139,7 +140,7 @@ def test_commit_extends_the_path_block_by_block_and_branches() -> None:
     assert mgr.num_cached_blocks == 1
     mgr.commit(a, 5)
     run_prefill(mgr, b)  # hits [1, 1], inserts [4, 4] as a sibling of [2, 2]
-    assert b.block_ids[0] == a.block_ids[0] and b.block_ids[1] != a.block_ids[1]
+    assert mgr.block_ids("b")[0] == mgr.block_ids("a")[0] and mgr.block_ids("b")[1] != mgr.block_ids("a")[1]
     assert mgr.num_cached_blocks == 3 and mgr.stats == PrefixCacheStats(queries=10, hits=2)
     mgr.check_integrity()
     with pytest.raises(ValueError, match="num_tokens"):
@@ -168,13 +169,13 @@ def test_fork_shares_full_blocks_without_prefix_cache() -> None:
     run_prefill(mgr, parent)
     child = make_request("c", list(range(10)))
     assert mgr.fork(parent, child, 10) == 8
-    assert child.block_ids == parent.block_ids[:2]
-    assert [mgr.block_pool.ref_count(b) for b in parent.block_ids] == [2, 2, 1]
+    assert mgr.block_ids(child.request_id) == mgr.block_ids(parent.request_id)[:2]
+    assert [mgr.block_pool.ref_count(b) for b in mgr.block_ids(parent.request_id)] == [2, 2, 1]
     child.num_computed_tokens = 8
-    assert mgr.allocate_slots(child, 2) and child.block_ids[2] not in parent.block_ids
+    assert mgr.allocate_slots(child, 2) and mgr.block_ids(child.request_id)[2] not in mgr.block_ids(parent.request_id)
     mgr.check_integrity()
     mgr.free(parent)
-    assert [mgr.block_pool.ref_count(b) for b in child.block_ids] == [1, 1, 1]
+    assert [mgr.block_pool.ref_count(b) for b in mgr.block_ids(child.request_id)] == [1, 1, 1]
     mgr.check_integrity()
     mgr.free(child)
     assert mgr.num_free_blocks == 9
@@ -187,7 +188,7 @@ def test_fork_with_prefix_cache_locks_the_tree_path() -> None:
     run_prefill(mgr, parent, commit=False)
     child = make_request("c", list(range(10)))
     assert mgr.fork(parent, child, 9) == 8
-    assert child.block_ids == parent.block_ids[:2] and mgr.num_cached_blocks == 2
+    assert mgr.block_ids(child.request_id) == mgr.block_ids(parent.request_id)[:2] and mgr.num_cached_blocks == 2
     assert [n.lock_ref for n in mgr.match_prefix(make_request("q", list(range(9)))).nodes] == [2, 2]
     mgr.check_integrity()
     with pytest.raises(ValueError, match="already holds blocks"):
@@ -244,12 +245,13 @@ def test_bad_calls_raise_clear_errors() -> None:
 
 
 @pytest.mark.parametrize("corrupt, message", [
-    (lambda mgr, req: req.block_ids.append(next(mgr.block_pool.free_block_ids())), "both free and held"),
-    (lambda mgr, req: mgr.block_pool.incref(req.block_ids[-1:]), "ref count 2 but 1 holders"),
+    (lambda mgr, req: mgr.block_ids(req.request_id).append(next(mgr.block_pool.free_block_ids())),
+     "both free and held"),
+    (lambda mgr, req: mgr.block_pool.incref(mgr.block_ids(req.request_id)[-1:]), "ref count 2 but 1 holders"),
     (lambda mgr, req: mgr.radix_cache.lock(mgr.match_prefix(req).nodes), "lock_ref 2 but 1 live"),
-    (lambda mgr, req: req.block_ids.pop(), "leaked"),
-    (lambda mgr, req: req.block_ids.append(0), "outside the usable range"),
-    (lambda mgr, req: req.block_ids.reverse(), "does not start with its tree path"),
+    (lambda mgr, req: mgr.block_ids(req.request_id).pop(), "leaked"),
+    (lambda mgr, req: mgr.block_ids(req.request_id).append(0), "outside the usable range"),
+    (lambda mgr, req: mgr.block_ids(req.request_id).reverse(), "does not start with its tree path"),
 ])
 def test_check_integrity_catches_corruption(corrupt: Callable[[KVCacheManager, Request], None],
                                             message: str) -> None:
@@ -260,3 +262,23 @@ def test_check_integrity_catches_corruption(corrupt: Callable[[KVCacheManager, R
     corrupt(mgr, req)
     with pytest.raises(AssertionError, match=message):
         mgr.check_integrity()
+
+
+def test_block_updates_carry_appends_and_the_swaps_of_a_commit() -> None:
+    """What the worker is told: table[start:] changed since the last update (all of it the first time)."""
+    mgr = KVCacheManager(num_blocks=12, block_size=4, enable_prefix_caching=True)
+    a, b = make_request("a", list(range(10))), make_request("b", list(range(10)))
+    run_prefill(mgr, a, commit=False)
+    run_prefill(mgr, b, commit=False)
+    assert mgr.take_block_update("b") == (0, mgr.block_ids("b")) and len(mgr.block_ids("b")) == 3
+    assert mgr.take_block_update("b") == (3, [])
+    mgr.commit(a, 10)
+    mgr.commit(b, 10)  # b's first two blocks become a's cached ones
+    assert mgr.take_block_update("b") == (0, mgr.block_ids("b"))
+    b.num_computed_tokens = 12
+    assert mgr.allocate_slots(b, 1)  # position 12 needs a fourth block
+    assert mgr.take_block_update("b") == (3, mgr.block_ids("b")[3:])
+    mgr.free(b)
+    assert mgr.take_block_update("b") == (0, [])
+    mgr.free(a)
+    mgr.check_integrity()

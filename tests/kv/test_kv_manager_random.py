@@ -35,7 +35,7 @@ class FakeEngine:
     def compute(self, req: Request, n: int) -> None:
         bs = self.mgr.block_size
         for p in range(req.num_computed_tokens, req.num_computed_tokens + n):
-            self.kv[req.block_ids[p // bs], p % bs] = tuple(req.all_token_ids[:p + 1])
+            self.kv[self.mgr.block_ids(req.request_id)[p // bs], p % bs] = tuple(req.all_token_ids[:p + 1])
         req.num_computed_tokens += n
         if req.num_computed_tokens == req.num_tokens:
             req.append_output_token_ids([self.rng.randrange(2)])
@@ -43,9 +43,9 @@ class FakeEngine:
             self.mgr.commit(req, req.num_computed_tokens)
 
     def verify(self, req: Request) -> None:
-        bs = self.mgr.block_size
+        bs, table = self.mgr.block_size, self.mgr.block_ids(req.request_id)
         for p in range(req.num_computed_tokens):
-            assert self.kv.get((req.block_ids[p // bs], p % bs)) == tuple(req.all_token_ids[:p + 1]), \
+            assert self.kv.get((table[p // bs], p % bs)) == tuple(req.all_token_ids[:p + 1]), \
                 f"{req.request_id}: wrong KV at position {p}"
 
     def admit(self) -> None:
@@ -82,7 +82,7 @@ class FakeEngine:
     def fork(self, parent: Request) -> None:
         child = self.new_request(list(parent.all_token_ids))
         child.num_computed_tokens = self.mgr.fork(parent, child, parent.num_computed_tokens)
-        if child.block_ids:
+        if self.mgr.block_ids(child.request_id):
             self.verify(child)
             self.running.append(child)
 

@@ -9,9 +9,10 @@ import torch
 
 from lamina.bench.sampling import chi2_critical
 from lamina.engine.request import Request
-from lamina.layers.sampler import (Sampler, SamplerOutput, SamplingMetadata, process_logits,
+from lamina.layers.sampler import (Sampler, SamplerOutput, process_logits,
                                    to_logprob_dicts)
 from lamina.sampling_params import SamplingParams
+from tests.helpers.sampling import metadata_for
 
 CPU = torch.device("cpu")
 LOGITS8 = [1.2, 0.3, 2.0, -0.5, 0.9, -1.5, 1.6, 0.0]
@@ -28,7 +29,7 @@ def make_request(rid: str, params: SamplingParams, prompt: list[int] | None = No
 
 def run_sampler(logits: torch.Tensor, requests: list[Request],
                 generators: dict[str, torch.Generator] | None = None, seed: int = 0) -> SamplerOutput:
-    md = SamplingMetadata.from_requests(requests, generators or {}, logits.shape[1], CPU)
+    md = metadata_for(requests, generators or {}, logits.shape[1], CPU)
     return Sampler(torch.Generator().manual_seed(seed))(logits, md)
 
 
@@ -171,7 +172,7 @@ def test_greedy_is_argmax_and_draws_no_randomness() -> None:
     logits = torch.randn(16, 100)
     requests = [make_request(f"r{i}", SamplingParams(temperature=0.0, top_k=3, top_p=0.5))
                 for i in range(16)]
-    md = SamplingMetadata.from_requests(requests, {}, 100, CPU)
+    md = metadata_for(requests, {}, 100, CPU)
     gen = torch.Generator().manual_seed(5)
     state = gen.get_state()
     out = Sampler(gen)(logits, md)
@@ -212,7 +213,7 @@ def test_penalties_match_per_row_formulas() -> None:
         output = torch.randint(0, vocab, (i * 3,), generator=gen).tolist()
         requests.append(make_request(f"r{i}", params, prompt, output))
     raw = logits.clone()
-    md = SamplingMetadata.from_requests(requests, {}, vocab, CPU)
+    md = metadata_for(requests, {}, vocab, CPU)
     got = process_logits(logits, md)
     want = torch.tensor([ref_penalized(logits[i].tolist(), r.prompt_token_ids, r.output_token_ids,
                                        r.sampling_params) for i, r in enumerate(requests)])
@@ -223,9 +224,9 @@ def test_penalties_match_per_row_formulas() -> None:
 
 def test_penalties_skipped_when_unused() -> None:
     requests = [make_request("a", SamplingParams(), [1, 2], [3]), make_request("b", SamplingParams(top_k=2))]
-    md = SamplingMetadata.from_requests(requests, {}, 8, CPU)
+    md = metadata_for(requests, {}, 8, CPU)
     assert md.no_penalties and md.min_tokens is None and md.top_p is None and md.min_p is None
-    md = SamplingMetadata.from_requests([make_request("c", SamplingParams(presence_penalty=1.0))], {}, 8, CPU)
+    md = metadata_for([make_request("c", SamplingParams(presence_penalty=1.0))], {}, 8, CPU)
     assert md.penalties is not None and md.penalties.prompt_token_mask is None
 
 
@@ -246,7 +247,7 @@ def test_min_tokens_masks_eos_and_stop_ids_until_reached() -> None:
         assert run_sampler(torch.tensor([row]), [req]).sampled_token_ids.tolist() == [want]
     ignore = SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[2, 5, 99], ignore_eos=True)
     req = make_request("r", ignore, eos=frozenset({7}))
-    md = SamplingMetadata.from_requests([req], {}, len(row), CPU)
+    md = metadata_for([req], {}, len(row), CPU)
     got = process_logits(torch.tensor([row]), md)[0]
     masked = [i for i, v in enumerate(got.tolist()) if v == float("-inf")]
     assert masked == [2, 5]  # stop ids only: EOS 7 ignored, 99 is outside the vocabulary
@@ -300,13 +301,13 @@ def test_seeded_request_independent_of_batch() -> None:
 def test_seed_without_generator_is_an_error() -> None:
     req = make_request("r", SamplingParams(seed=3))
     with pytest.raises(ValueError, match="generator"):
-        SamplingMetadata.from_requests([req], {}, 8, CPU)
+        metadata_for([req], {}, 8, CPU)
 
 
 def test_penalty_token_out_of_range_is_an_error() -> None:
     req = make_request("r", SamplingParams(repetition_penalty=1.1), prompt=[3, 8])
     with pytest.raises(ValueError, match=r"\[0, 8\)"):
-        SamplingMetadata.from_requests([req], {}, 8, CPU)
+        metadata_for([req], {}, 8, CPU)
 
 
 # ---------------------------------------------------------------- logprobs

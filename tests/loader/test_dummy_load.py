@@ -34,7 +34,7 @@ def test_dummy_model_generates_from_a_config_file(config_path: str) -> None:
 
 
 def test_dummy_weights_are_deterministic(config_path: str) -> None:
-    first, second = (_dummy(config_path).engine.worker.model.state_dict() for _ in range(2))
+    first, second = (_dummy(config_path).engine.executor.worker.model.state_dict() for _ in range(2))
     assert first.keys() == second.keys()
     assert all(torch.equal(first[k], second[k]) for k in first)
     assert any(v.std() > 0.01 for k, v in first.items() if not k.endswith("norm.weight"))

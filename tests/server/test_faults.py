@@ -39,7 +39,7 @@ def post(server: RunningServer, body: dict, path: str = "/completions") -> httpx
 
 
 def test_a_forward_that_raises_fails_its_requests_only(served: RunningServer, monkeypatch) -> None:
-    runner = served.engine.engine.worker.runner
+    runner = served.engine.engine.executor.worker.runner
     forward = runner._forward
 
     def out_of_memory(*args: object) -> torch.Tensor:
@@ -56,7 +56,7 @@ def test_a_forward_that_raises_fails_its_requests_only(served: RunningServer, mo
 
 
 def test_a_streamed_request_whose_step_fails_gets_an_error_event(served: RunningServer, monkeypatch) -> None:
-    runner = served.engine.engine.worker.runner
+    runner = served.engine.engine.executor.worker.runner
     forward, calls = runner._forward, []
 
     def fails_third(*args: object) -> torch.Tensor:
@@ -73,7 +73,7 @@ def test_a_streamed_request_whose_step_fails_gets_an_error_event(served: Running
 
 
 def test_a_sampler_that_raises_for_one_row_fails_that_request_only(served: RunningServer, monkeypatch) -> None:
-    runner = served.engine.engine.worker.runner
+    runner = served.engine.engine.executor.worker.runner
     sampler = runner.sampler
     reference = post(served, BODY).json()["choices"][0]["text"]
 
@@ -108,7 +108,7 @@ def test_a_broken_engine_fails_in_flight_requests_and_calls_on_dead(model_dir: s
     def lost(*args: object) -> torch.Tensor:
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    monkeypatch.setattr(llm_engine.worker.runner, "_forward", lost)
+    monkeypatch.setattr(llm_engine.executor.worker.runner, "_forward", lost)
 
     async def run() -> None:
         async for _ in engine.generate("x", SamplingParams(max_tokens=4), "r"):

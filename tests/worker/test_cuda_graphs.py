@@ -31,7 +31,7 @@ def _decode_batch(tables: list[list[int]], seq_lens: list[int], block_size: int)
     return HostBatch(input_ids=[11, 12, 13][:len(tables)], positions=[n - 1 for n in seq_lens], slot_mapping=slots,
                      query_start_loc=list(range(len(tables) + 1)), seq_lens=seq_lens,
                      block_tables=[t + [0] * (width - len(t)) for t in tables],
-                     logits_indices=list(range(len(tables))), sampling_requests=[])
+                     logits_indices=list(range(len(tables))), sampling_req_ids=[])
 
 
 def test_fill_pads_rows_with_slot_minus_one_and_the_null_block() -> None:
@@ -80,15 +80,15 @@ def _llm(model_dir: str, **kw: object) -> LLM:
 def test_cpu_engine_never_captures(model_dir: str, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="lamina.worker.worker"):
         llm = _llm(model_dir)
-    assert llm.engine.worker.runner.graphs is None
+    assert llm.engine.executor.worker.runner.graphs is None
     assert "eager: device is cpu" in caplog.text
-    assert _llm(model_dir, enforce_eager=True).engine.worker.runner.graphs is None
+    assert _llm(model_dir, enforce_eager=True).engine.executor.worker.runner.graphs is None
 
 
 def _with_eager_graphs(llm: LLM, max_batch_size: int) -> list[HostBatch]:
     """Capture `llm`'s decode steps with EagerGraph standing in for CUDA graphs; returns the list of
     the batches replayed from then on."""
-    worker = llm.engine.worker
+    worker = llm.engine.executor.worker
     graphs = CudaGraphRunner(worker.model, max_batch_size, worker.max_model_len, 8, torch.device("cpu"),
                              graph_cls=EagerGraph)
     graphs.capture_all()

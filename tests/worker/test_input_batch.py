@@ -3,20 +3,33 @@ from __future__ import annotations
 
 import torch
 
-from lamina.engine.interfaces import SchedulerOutput
-from lamina.engine.request import Request
 from lamina.sampling_params import SamplingParams
-from lamina.worker.input_batch import build_input_batch
+from lamina.step import NewRequestData, SchedulerOutput
+from lamina.worker.batch_state import BatchState
+from lamina.worker.input_batch import plan_batch, to_device
+from lamina.worker.penalty_state import PenaltyState
+
+CPU = torch.device("cpu")
+
+
+def new_req(req_id: str, prompt: list[int], blocks: list[int], computed: int, output: list[int] | None = None,
+            ) -> NewRequestData:
+    return NewRequestData(req_id, prompt, output or [], SamplingParams(), frozenset(), blocks, computed)
+
+
+def build(news: list[NewRequestData], counts: dict[str, int], block_size: int, **fields):
+    states = BatchState(PenaltyState(100, CPU))
+    scheduled = SchedulerOutput(req_ids=[n.req_id for n in news], num_scheduled_tokens=counts, new_reqs=news,
+                                **fields)
+    states.apply(scheduled)
+    host = plan_batch(scheduled, states, block_size)
+    return host, to_device(host, CPU)
 
 
 def test_chunk_and_decode_layout():
-    prefill = Request("p", list(range(10, 20)), SamplingParams())  # 10 prompt tokens, chunk [4, 8)
-    prefill.num_computed_tokens, prefill.block_ids = 4, [5, 9]
-    decode = Request("d", [1, 2, 3], SamplingParams())
-    decode.append_output_token_ids([77])
-    decode.num_computed_tokens, decode.block_ids = 3, [2]
-    batch = build_input_batch(SchedulerOutput([prefill, decode], {"p": 4, "d": 1}), block_size=4,
-                              device=torch.device("cpu"))
+    prefill = new_req("p", list(range(10, 20)), [5, 9], computed=4)  # 10 prompt tokens, chunk [4, 8)
+    decode = new_req("d", [1, 2, 3], [2], computed=3, output=[77])
+    host, batch = build([prefill, decode], {"p": 4, "d": 1}, block_size=4)
     assert batch.input_ids.tolist() == [14, 15, 16, 17, 77]
     assert batch.positions.tolist() == [4, 5, 6, 7, 3]
     # position 4..7 of "p" live in its second block (9): slots 36..39; "d" position 3 in block 2: slot 11
@@ -24,26 +37,31 @@ def test_chunk_and_decode_layout():
     assert batch.attn_metadata.query_start_loc_cpu == [0, 4, 5]
     assert batch.attn_metadata.seq_lens_cpu == [8, 4]
     assert batch.attn_metadata.block_tables.tolist() == [[5, 9], [2, 0]]
-    # the prefill chunk has not reached its last prompt token: only the decode samples
-    assert batch.logits_indices.tolist() == [4] and batch.sampling_requests == [decode]
+    # the prefill chunk has not reached its last prompt token: only the decode samples, the token at index 4
+    assert batch.logits_indices.tolist() == [4] and host.sampling_req_ids == ["d"] and host.sample_positions == [4]
+
+
+def test_drafts_follow_the_verified_tokens_and_a_decode_ahead_step_always_samples():
+    verify = new_req("v", [1, 2, 3], [4], computed=3, output=[50])  # verifies token 50 + drafts 60, 61
+    host, _ = build([verify], {"v": 3}, block_size=8, scheduled_spec_decode_tokens={"v": [60, 61]})
+    assert host.input_ids == [50, 60, 61] and host.positions == [3, 4, 5] and host.sampling_req_ids == ["v"]
+    ahead = new_req("a", [1, 2, 3], [4], computed=4, output=[50])  # position 4: the token in flight
+    host, _ = build([ahead], {"a": 1}, block_size=8, decode_ahead=True)
+    assert host.input_ids == [0] and host.positions == [4] and host.sampling_req_ids == ["a"]
 
 
 def test_every_device_field_is_16_byte_aligned():
     """Triton specializes kernels on pointer alignment: a field whose alignment changed with the batch
     would compile a new variant mid-run."""
     for num_seqs in range(1, 6):
-        requests, counts = [], {}
-        for i in range(num_seqs):
-            r = Request(f"r{i}", list(range(1, 4 + i)), SamplingParams())
-            r.block_ids = [i + 1]
-            requests.append(r)
-            counts[r.request_id] = r.num_tokens
-        batch = build_input_batch(SchedulerOutput(requests, counts), block_size=16, device=torch.device("cpu"))
+        news = [new_req(f"r{i}", list(range(1, 4 + i)), [i + 1], computed=0) for i in range(num_seqs)]
+        lengths = [len(n.prompt_token_ids) for n in news]
+        _, batch = build(news, {n.req_id: k for n, k in zip(news, lengths)}, block_size=16)
         md = batch.attn_metadata
         tensors = [batch.input_ids, batch.positions, batch.logits_indices, md.slot_mapping, md.query_start_loc,
                    md.seq_lens, md.block_tables]
         assert all(t.data_ptr() % 16 == 0 for t in tensors), num_seqs
-        assert batch.positions.tolist() == [p for r in requests for p in range(r.num_tokens)]
-        assert md.seq_lens.tolist() == [r.num_tokens for r in requests]
+        assert batch.positions.tolist() == [p for k in lengths for p in range(k)]
+        assert md.seq_lens.tolist() == lengths
         assert md.block_tables.tolist() == [[i + 1] for i in range(num_seqs)]
         assert batch.logits_indices.tolist() == [md.query_start_loc_cpu[i + 1] - 1 for i in range(num_seqs)]

@@ -29,7 +29,7 @@ def test_split_tokens() -> None:
 def test_warmup_forward_stores_nothing(tmp_path) -> None:
     llm = LLM(model=str(write_config("tiny", tmp_path)), load_format="dummy", skip_tokenizer_init=True,
               device="cpu", attention_backend="torch", num_kv_blocks=8)
-    worker = llm.engine.worker
+    worker = llm.engine.executor.worker
     warmup_forward(worker.model, worker.arch, 300, 16, 16, torch.float32, torch.device("cpu"))
     caches = [layer.kv_cache for layer in attention_layers(worker.model)]
     assert all(k.shape[0] == 2 and not k.any() and not v.any() for k, v in caches)

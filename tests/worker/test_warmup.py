@@ -29,7 +29,7 @@ def test_warm_up_stores_nothing(tmp_path, backend: str) -> None:
                                 head_dim=32, num_hidden_layers=1)
     llm = LLM(model=str(model_dir), skip_tokenizer_init=True, device="cpu", attention_backend=backend,
               block_size=8, num_kv_blocks=32, max_model_len=64, max_num_batched_tokens=80)
-    worker = llm.engine.worker
+    worker = llm.engine.executor.worker
     caches = [layer.kv_cache for layer in attention_layers(worker.model)]
     for k, v in caches:
         k.normal_(), v.normal_()

@@ -16,7 +16,7 @@ def model_dir(tmp_path_factory):
 
 def test_kv_cache_sized_from_a_byte_budget(model_dir):
     llm = LLM(model=model_dir, skip_tokenizer_init=True, block_size=8, kv_cache_memory_bytes=1 << 20)
-    worker = llm.engine.worker
+    worker = llm.engine.executor.worker
     per_block = kv_cache_bytes_per_block(llm.engine.arch, 8, torch.float32)
     assert per_block == 2 * 2 * 8 * 2 * 16 * 4  # K and V, 2 layers, 8 tokens, 2 KV heads, head_dim 16, fp32
     assert worker.num_blocks == (1 << 20) // per_block
@@ -29,7 +29,7 @@ def test_kv_cache_sized_from_a_byte_budget(model_dir):
 def test_num_kv_blocks_wins_and_caps_max_model_len(model_dir):
     llm = LLM(model=model_dir, skip_tokenizer_init=True, block_size=4, num_kv_blocks=9,
               kv_cache_memory_bytes=1 << 30)
-    assert llm.engine.worker.num_blocks == 9 and llm.engine.max_model_len == 32
+    assert llm.engine.executor.worker.num_blocks == 9 and llm.engine.max_model_len == 32
     with pytest.raises(ValueError, match="max_position_embeddings"):
         LLM(model=model_dir, skip_tokenizer_init=True, max_model_len=513)
 
@@ -41,7 +41,7 @@ def test_dtypes_run_and_agree_with_float32(model_dir, dtype, expected):
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=1)
     ref = LLM(model=model_dir, skip_tokenizer_init=True, num_kv_blocks=64).generate(prompt, params, use_tqdm=False)
     llm = LLM(model=model_dir, skip_tokenizer_init=True, num_kv_blocks=64, dtype=dtype)
-    assert next(llm.engine.worker.model.parameters()).dtype == expected
+    assert next(llm.engine.executor.worker.model.parameters()).dtype == expected
     out = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0]
     first_ref = ref[0].outputs[0]
     # The first token's logprob agrees within the precision of the dtype.

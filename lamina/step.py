@@ -1,0 +1,97 @@
+"""The step message: plain data from the scheduler to the worker(s), and the worker's answer.
+
+Both sides import this module; it imports neither. Nothing here holds a tensor of the scheduler's or a
+callable, so a message pickles cheaply (a multi-process executor broadcasts it to every rank).
+
+The worker keeps its own copy of every request it has been sent (lamina/worker/batch_state.py) and the
+message carries only what changed:
+
+    step k:  new_reqs           requests scheduled for the first time, or again after a preemption: all
+                                their tokens so far, sampling params, block table, num_computed_tokens
+             cached_reqs        the others: num_computed_tokens and the change to their block table
+                                (block_ids[start:] = new ids: an append, or a rewrite from `start` when the
+                                prefix cache swapped a block for its cached twin)
+             num_scheduled_tokens, scheduled_spec_decode_tokens (drafts, after the verified tokens)
+             finished_req_ids, preempted_req_ids   rows the worker drops before adding this step's rows
+
+Tokens sampled by the worker come back in ModelRunnerOutput and the worker appends them to its own copy,
+so a request's token ids cross the seam once (when it is new) and never again.
+
+A `decode_ahead` step (Scheduler.schedule_ahead) was scheduled while the step before it was still running:
+each of its requests computes one token at position num_computed_tokens, the token that step samples,
+which the worker takes from that step's output on the device.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lamina.outputs import Logprob
+from lamina.sampling_params import SamplingParams
+
+
+@dataclass
+class NewRequestData:
+    """A request the worker does not hold: everything it needs to run it from now on."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]  # verified outputs so far (a request resumed after preemption recomputes them)
+    sampling_params: SamplingParams
+    eos_token_ids: frozenset[int]
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class CachedRequestData:
+    """Requests the worker holds, column-wise: row i belongs to req_ids[i]."""
+
+    req_ids: list[str] = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+    block_ids_start: list[int] = field(default_factory=list)  # the worker sets table[start:] = new_block_ids[i]
+    new_block_ids: list[list[int]] = field(default_factory=list)
+
+    def append(self, req_id: str, num_computed_tokens: int, start: int, new_block_ids: list[int]) -> None:
+        self.req_ids.append(req_id)
+        self.num_computed_tokens.append(num_computed_tokens)
+        self.block_ids_start.append(start)
+        self.new_block_ids.append(new_block_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    """What to compute this step. `req_ids` is the batch in order: request r computes tokens
+    [num_computed_tokens, num_computed_tokens + num_scheduled_tokens[r]) of its token ids (drafts after
+    the verified tokens) and samples one token if that range reaches the end."""
+
+    req_ids: list[str]
+    num_scheduled_tokens: dict[str, int]
+    new_reqs: list[NewRequestData] = field(default_factory=list)
+    cached_reqs: CachedRequestData = field(default_factory=CachedRequestData)
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    finished_req_ids: list[str] = field(default_factory=list)  # ended since the last message
+    preempted_req_ids: list[str] = field(default_factory=list)
+    decode_ahead: bool = False
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.req_ids
+
+
+@dataclass
+class ModelRunnerOutput:
+    """The worker's answer for one step: tokens only for requests whose scheduled range reached the end.
+
+    sampled_token_ids: request id -> its new tokens (a list, so that several accepted drafts fit)
+    logprobs: request id -> one {token id: Logprob} per new token, for requests that asked
+    failed: request id -> error, for requests whose own part of the step raised (the scheduler ends them
+            with finish_reason "error" while the rest of the batch goes on)
+    """
+
+    sampled_token_ids: dict[str, list[int]]
+    logprobs: dict[str, list[dict[int, Logprob]]] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
