@@ -90,8 +90,10 @@ class ModelRunnerOutput:
     logprobs: request id -> one {token id: Logprob} per new token, for requests that asked
     failed: request id -> error, for requests whose own part of the step raised (the scheduler ends them
             with finish_reason "error" while the rest of the batch goes on)
+    num_compiles: Triton kernels the worker compiled while launching the step (its step stats)
     """
 
     sampled_token_ids: dict[str, list[int]]
     logprobs: dict[str, list[dict[int, Logprob]]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
+    num_compiles: int = 0

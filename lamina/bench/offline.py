@@ -107,40 +107,24 @@ def run_w1(llm: LLM, prompts: list[list[int]], outputs: list[int], temperature: 
 
 
 class StepTrace:
-    """The engine's own step log (LLMEngine.step_log: each step's kind, tokens, wall time and the host's
-    wait for the device), plus the Triton kernels compiled while it is open. close() stops both."""
+    """The engine's own step log (LLMEngine.step_log: each step's kind, tokens, wall time, the host's wait
+    for the device and the Triton kernels compiled), on while it is open. close() turns it off."""
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.steps: list = []
         engine.step_log = self.steps
-        self.compiled: list[str] = []  # Triton kernels compiled (in-memory cache misses) during the run
-        self._previous_hook: Any = None
-        self._watch_compiles()
-
-    def _watch_compiles(self) -> None:
-        try:
-            from triton import knobs
-        except ImportError:
-            return
-
-        def on_miss(*, repr: str, **_: Any) -> None:  # noqa: A002 - triton's keyword
-            self.compiled.append(repr[:200])  # returns None: Triton goes on and compiles
-
-        self._previous_hook, knobs.runtime.jit_cache_hook = knobs.runtime.jit_cache_hook, on_miss
 
     def close(self) -> None:
         self.engine.step_log = None
-        try:
-            from triton import knobs
-        except ImportError:
-            return
-        knobs.runtime.jit_cache_hook = self._previous_hook
 
     def summary(self) -> dict[str, Any]:
         prefills = [dict(tokens=s.num_tokens, rows=s.num_rows, seconds=round(s.seconds, 4))
                     for s in self.steps if s.kind == "prefill"]
-        out: dict[str, Any] = {"triton_compiles": self.compiled, "prefill_steps": prefills}
+        compiles = [dict(kind=s.kind, tokens=s.num_tokens, rows=s.num_rows, compiles=s.compiles)
+                    for s in self.steps if s.compiles]
+        out: dict[str, Any] = {"triton_compiles": sum(s.compiles for s in self.steps),
+                               "steps_that_compiled": compiles, "prefill_steps": prefills}
         for kind in ("prefill", "decode", "decode ahead"):
             steps = [s for s in self.steps if s.kind == kind]
             out[kind] = dict(steps=len(steps), seconds=round(sum(s.seconds for s in steps), 3),
@@ -240,10 +224,12 @@ def print_table(report: dict[str, Any]) -> None:
             cells = [f"{row[k]:.4g}" if isinstance(row.get(k), float) else str(row.get(k, "")) for k in keys]
             print(f"{row.get('name', name)} | " + " | ".join(cells))
     steps = dict(report.get("lamina", {}).get("steps") or {})
-    compiles = steps.pop("triton_compiles", [])
+    compiles = steps.pop("triton_compiles", 0)
+    compiling = steps.pop("steps_that_compiled", [])
     steps.pop("prefill_steps", None)
     if compiles:
-        print(f"\n{len(compiles)} Triton compiles during the run: " + "; ".join(c[:60] for c in compiles))
+        where = (f"{s['kind']} of {s['tokens']} tokens / {s['rows']} rows: {s['compiles']}" for s in compiling)
+        print(f"\n{compiles} Triton compiles during the run, in steps: " + "; ".join(where))
     if steps:
         print("\nsteps: " + "; ".join(f"{k}: {v['steps']} in {v['seconds']} s (host waiting for the device "
                                       f"{v['device_wait_s']} s, slowest {v['slowest_s']} s)"

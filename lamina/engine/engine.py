@@ -164,7 +164,8 @@ class LLMEngine:
         if self._inflight is not None and all(r.is_finished for r in self._inflight.requests):
             self._inflight = None  # nothing left in it to wait for (its device work is stream-ordered)
         if self.step_log is not None:
-            self.step_log.append(_step_stats(scheduled, launched_ahead, time.perf_counter() - start, waited))
+            self.step_log.append(_step_stats(scheduled, launched_ahead, time.perf_counter() - start, waited,
+                                             result.num_compiles))
         return outputs
 
     def _step_failed(self, err: Exception) -> list[RequestOutput]:
@@ -220,8 +221,9 @@ class LLMEngine:
         self.kv_manager.check_integrity()
 
 
-def _step_stats(scheduled: SchedulerOutput, launched_ahead: bool, seconds: float, waited: float) -> StepStats:
+def _step_stats(scheduled: SchedulerOutput, launched_ahead: bool, seconds: float, waited: float,
+                compiles: int) -> StepStats:
     tokens, rows = scheduled.total_num_scheduled_tokens, len(scheduled.req_ids)
     kind = "decode ahead" if launched_ahead else "prefill" if tokens > rows else "decode"
-    return StepStats(kind, tokens, rows, seconds, waited)
+    return StepStats(kind, tokens, rows, seconds, waited, compiles)
 

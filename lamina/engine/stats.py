@@ -47,4 +47,5 @@ class StepStats:
     num_rows: int  # requests in the step
     seconds: float  # wall time of LLMEngine.step()
     device_wait_s: float  # of which the host waited for the step's tokens
+    compiles: int = 0  # Triton kernels compiled while the step was launched (a mid-run compile stalls it)
 

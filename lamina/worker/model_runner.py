@@ -18,6 +18,7 @@ import torch
 
 from lamina.attention.metadata import set_attention_metadata
 from lamina.failures import is_fatal
+from lamina.kernels import compile_counter
 from lamina.layers.sampler import (LogprobsTensors, Sampler, SamplerOutput, SamplingMetadata, to_logprob_dicts,
                                    uses_sampling_kernel)
 from lamina.layers.sampling_metadata import min_tokens_mask, philox_keys
@@ -59,6 +60,7 @@ class PendingStep:
     num_logprobs: list[int | None] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     on_result: Callable[[ModelRunnerOutput], None] | None = None
+    num_compiles: int = 0  # Triton compiles while it was launched
 
     def __post_init__(self) -> None:
         self._host_sampled = None if self.sampled is None else _to_host(self.sampled)
@@ -86,7 +88,7 @@ class PendingStep:
 
     def _read(self) -> ModelRunnerOutput:
         if self._host_sampled is None:
-            return ModelRunnerOutput(sampled_token_ids={}, failed=self.failed)
+            return ModelRunnerOutput(sampled_token_ids={}, failed=self.failed, num_compiles=self.num_compiles)
         if self._done is not None:
             self._done.synchronize()
         token_ids = self._host_sampled.tolist()
@@ -95,7 +97,8 @@ class PendingStep:
         if self._host_logprobs is not None:
             rows = to_logprob_dicts(self._host_logprobs, token_ids, self.num_logprobs)
             logprobs = {r: [row] for r, row in zip(self.req_ids, rows) if row is not None}
-        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, failed=self.failed)
+        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, failed=self.failed,
+                                 num_compiles=self.num_compiles)
 
 
 class ModelRunner:
@@ -116,6 +119,12 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_model(self, scheduled: SchedulerOutput) -> PendingStep:
         """Apply the message to the worker's request copies and queue the step on the device."""
+        compiles = compile_counter.count()
+        pending = self._execute(scheduled)
+        pending.num_compiles = compile_counter.count() - compiles
+        return pending
+
+    def _execute(self, scheduled: SchedulerOutput) -> PendingStep:
         self.states.apply(scheduled)
         for request_id in scheduled.finished_req_ids:
             self._generators.pop(request_id, None)

@@ -51,7 +51,7 @@ class PenaltyState:
 
     def tensors(self, req_ids: list[str], params: list[SamplingParams]) -> PenaltyTensors | None:
         """The step's penalty tensors, row i for req_ids[i]; None when no request in it has penalties."""
-        if not any(req_id in self._row for req_id in req_ids):
+        if not self._row or not any(req_id in self._row for req_id in req_ids):
             return None
         rows = host_to_device([self._row.get(r, _ZERO_ROW) for r in req_ids], torch.int64, self.device)
         repetition = [p.repetition_penalty for p in params]
@@ -65,6 +65,8 @@ class PenaltyState:
 
     def update(self, req_ids: list[str], sampled: torch.Tensor) -> None:
         """Count the tokens just sampled (`sampled[i]` is req_ids[i]'s, on the device) for requests with rows."""
+        if not self._row:
+            return
         picked = [(i, self._row[r]) for i, r in enumerate(req_ids) if r in self._row]
         if not picked:
             return

@@ -17,6 +17,7 @@ import torch
 
 from lamina.config import DEFAULT_CPU_KV_BYTES, EngineConfig, ModelArch
 from lamina.device import resolve_device, resolve_dtype
+from lamina.kernels import compile_counter
 from lamina.kv.cache import allocate_kv_caches, attention_layers, bind_kv_caches, kv_cache_bytes_per_block
 from lamina.loader.hf_config import check_model_len
 from lamina.loader.model_loader import load_model
@@ -68,6 +69,7 @@ class Worker:
         """Compile every kernel variant now, not in the first requests, and capture the decode graphs of
         batches of up to `max_num_seqs` (the engine's value once it is fitted to the KV capacity)."""
         if self._triton_kernels_supported(self._attention_backend()):
+            compile_counter.install()  # every compile from now on shows in the step stats
             warm_up_kernels(self.model, self.config.cache_config.block_size,
                             self.config.scheduler_config.max_num_batched_tokens, self.max_model_len, self.device)
         self.runner.graphs = self._capture_graphs(max_num_seqs)
