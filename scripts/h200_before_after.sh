@@ -1,23 +1,27 @@
 #!/usr/bin/env bash
 # Before/after on the H200 in one call (issue #11: "no speed regression, measured before/after in one run").
 #
-#   scripts/h200_before_after.sh BEFORE_TAR [REPEATS]
+#   scripts/h200_before_after.sh BEFORE_TAR [REPEATS] [WORKLOADS]
 #
 # BEFORE_TAR: `git archive` of the old commit's lamina/ and scripts/ (made on the dev machine, carried). Each
 # benchmark runs for the old tree and this tree alternately, REPEATS times (default 2) for W1, once for W2,
-# each in a fresh process, sharing one Triton cache. Logs and JSON are packed into $OUT/before-after.tgz;
+# each in a fresh process, sharing one Triton cache. WORKLOADS (default "w1 w2"): "w2-qwen" repeats W2 on
+# Qwen3-0.6B REPEATS times and skips the rest (and the kernel check). Logs and JSON are packed into $OUT/before-after.tgz;
 # $OUT/before-after.json holds the table printed last.
 set -u
 OUT=${OUT:-out}
 BEFORE_TAR=$1
 REPEATS=${2:-2}
+WORKLOADS=${3:-w1 w2}
 mkdir -p "$OUT" /tmp/ba/before /tmp/ba/res
 tar -xf "$BEFORE_TAR" -C /tmp/ba/before
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/ba/triton
 AFTER=$(pwd)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee /tmp/ba/res/gpu.txt
-(cd "$AFTER" && python scripts/gpu_check.py --quick > /tmp/ba/res/gpu_check.log 2>&1; echo "gpu_check rc=$?") \
-    | tee -a /tmp/ba/res/gpu.txt
+if [ "$WORKLOADS" = "w1 w2" ]; then
+    (cd "$AFTER" && python scripts/gpu_check.py --quick > /tmp/ba/res/gpu_check.log 2>&1; echo "gpu_check rc=$?") \
+        | tee -a /tmp/ba/res/gpu.txt
+fi
 bench() {  # bench TREE NAME ARGS...: one benchmark of one tree
     local tree=$1 name=$2
     shift 2
@@ -30,14 +34,19 @@ bench() {  # bench TREE NAME ARGS...: one benchmark of one tree
 }
 for i in $(seq "$REPEATS"); do
     for tree in before after; do
-        bench "$tree" "w1-greedy-$i" --workload w1 --shape qwen3-0.6b --temperature 0
-        bench "$tree" "w1-t0.6-$i" --workload w1 --shape qwen3-0.6b
+        case $WORKLOADS in
+            w2-qwen) bench "$tree" "w2-qwen-$i" --workload w2 --shape qwen3-0.6b ;;
+            *) bench "$tree" "w1-greedy-$i" --workload w1 --shape qwen3-0.6b --temperature 0
+               bench "$tree" "w1-t0.6-$i" --workload w1 --shape qwen3-0.6b ;;
+        esac
     done
 done
-for tree in before after; do
-    bench "$tree" w2-qwen --workload w2 --shape qwen3-0.6b
-    bench "$tree" w2-llama --workload w2 --shape llama3-8b
-done
+if [ "$WORKLOADS" = "w1 w2" ]; then
+    for tree in before after; do
+        bench "$tree" w2-qwen --workload w2 --shape qwen3-0.6b
+        bench "$tree" w2-llama --workload w2 --shape llama3-8b
+    done
+fi
 python - /tmp/ba/res "$OUT/before-after.json" <<'PY'
 import json, pathlib, sys
 res, rows = pathlib.Path(sys.argv[1]), {}

@@ -81,9 +81,9 @@ def plan_batch(scheduled: SchedulerOutput, states: BatchState, block_size: int) 
     sampling: list[str] = []
     sample_positions: list[int] = []
     tables: list[list[int]] = []
-    drafts = scheduled.scheduled_spec_decode_tokens
+    drafts, held = scheduled.scheduled_spec_decode_tokens, states.requests
     for req_id in scheduled.req_ids:
-        state = states[req_id]
+        state = held[req_id]
         start = state.num_computed_tokens
         end = start + scheduled.num_scheduled_tokens[req_id]
         if scheduled.decode_ahead:  # the token the step in flight samples: the runner fills in its id

@@ -150,12 +150,14 @@ class ModelRunner:
     def _pending(self, req_ids: list[str], out: SamplerOutput, failed: dict[str, str] | None = None) -> PendingStep:
         """Count the samples for penalties (on the device) and wrap the step."""
         self.states.penalties.update(req_ids, out.sampled_token_ids)
-        num_logprobs = [self.states[r].sampling_params.logprobs for r in req_ids]
+        held = self.states.requests
+        num_logprobs = [held[r].sampling_params.logprobs for r in req_ids]
         return PendingStep(req_ids, out.sampled_token_ids, out.logprobs, num_logprobs, failed or {},
                            on_result=self.states.record)
 
     def _sample(self, logits: torch.Tensor, req_ids: list[str], keys: list[int] | None) -> SamplerOutput:
-        states = [self.states[r] for r in req_ids]
+        held = self.states.requests
+        states = [held[r] for r in req_ids]
         params = [s.sampling_params for s in states]
         generators = {} if keys is not None else self._generators_for(req_ids, params)  # the torch path's
         metadata = SamplingMetadata.build(
@@ -216,7 +218,8 @@ class ModelRunner:
         torch path (CPU, or no triton) and in all-greedy steps (an argmax draws nothing)."""
         if not self.kernel_sampling:
             return None
-        params = [self.states[r].sampling_params for r in host.sampling_req_ids]
+        held = self.states.requests
+        params = [held[r].sampling_params for r in host.sampling_req_ids]
         if all(p.greedy for p in params):
             return None
         return philox_keys([p.seed for p in params], host.sample_positions, self._step_keys.getrandbits(63))
