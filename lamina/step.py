@@ -29,7 +29,7 @@ from lamina.outputs import Logprob
 from lamina.sampling_params import SamplingParams
 
 
-@dataclass
+@dataclass(slots=True)
 class NewRequestData:
     """A request the worker does not hold: everything it needs to run it from now on."""
 
@@ -42,7 +42,7 @@ class NewRequestData:
     num_computed_tokens: int
 
 
-@dataclass
+@dataclass(slots=True)
 class CachedRequestData:
     """Requests the worker holds, column-wise: row i belongs to req_ids[i]."""
 
@@ -58,7 +58,7 @@ class CachedRequestData:
         self.new_block_ids.append(new_block_ids)
 
 
-@dataclass
+@dataclass(slots=True)
 class SchedulerOutput:
     """What to compute this step. `req_ids` is the batch in order: request r computes tokens
     [num_computed_tokens, num_computed_tokens + num_scheduled_tokens[r]) of its token ids (drafts after
@@ -82,7 +82,7 @@ class SchedulerOutput:
         return not self.req_ids
 
 
-@dataclass
+@dataclass(slots=True)
 class ModelRunnerOutput:
     """The worker's answer for one step: tokens only for requests whose scheduled range reached the end.
 

@@ -5,20 +5,20 @@
 #
 # BEFORE_TAR: `git archive` of the old commit's lamina/ and scripts/ (made on the dev machine, carried). Each
 # benchmark runs for the old tree and this tree alternately, REPEATS times (default 2) for W1, once for W2,
-# each in a fresh process, sharing one Triton cache. WORKLOADS (default "w1 w2"): "w2-qwen" repeats W2 on
-# Qwen3-0.6B REPEATS times and skips the rest (and the kernel check). Logs and JSON are packed into $OUT/before-after.tgz;
+# each in a fresh process, sharing one Triton cache. WORKLOADS (default "check w1 w2": the kernel check of
+# scripts/gpu_check.py first): "w1 w2" without the check; "w2-qwen" repeats W2 on Qwen3-0.6B REPEATS times. Logs and JSON are packed into $OUT/before-after.tgz;
 # $OUT/before-after.json holds the table printed last.
 set -u
 OUT=${OUT:-out}
 BEFORE_TAR=$1
 REPEATS=${2:-2}
-WORKLOADS=${3:-w1 w2}
+WORKLOADS=${3:-check w1 w2}
 mkdir -p "$OUT" /tmp/ba/before /tmp/ba/res
 tar -xf "$BEFORE_TAR" -C /tmp/ba/before
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/ba/triton
 AFTER=$(pwd)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee /tmp/ba/res/gpu.txt
-if [ "$WORKLOADS" = "w1 w2" ]; then
+if [ "$WORKLOADS" = "check w1 w2" ]; then
     (cd "$AFTER" && python scripts/gpu_check.py --quick > /tmp/ba/res/gpu_check.log 2>&1; echo "gpu_check rc=$?") \
         | tee -a /tmp/ba/res/gpu.txt
 fi
@@ -41,7 +41,7 @@ for i in $(seq "$REPEATS"); do
         esac
     done
 done
-if [ "$WORKLOADS" = "w1 w2" ]; then
+if [ "$WORKLOADS" != w2-qwen ]; then
     for tree in before after; do
         bench "$tree" w2-qwen --workload w2 --shape qwen3-0.6b
         bench "$tree" w2-llama --workload w2 --shape llama3-8b

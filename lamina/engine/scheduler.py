@@ -219,8 +219,12 @@ class Scheduler:
     def live_requests(self, scheduled: SchedulerOutput) -> list[Request]:
         """The requests of a step that are still running (one that ended, even if its id was reused by a
         request now waiting, is not)."""
-        live = (self.requests.get(req_id) for req_id in scheduled.req_ids)
-        return [r for r in live if r is not None and r.status is RequestStatus.RUNNING]
+        live, requests, running = [], self.requests, RequestStatus.RUNNING
+        for req_id in scheduled.req_ids:
+            request = requests.get(req_id)
+            if request is not None and request.status is running:
+                live.append(request)
+        return live
 
     def _runs_out_with_one_more(self, request: Request) -> bool:
         """The next sampled token ends the request by length (max_tokens or max_model_len)."""

@@ -91,11 +91,12 @@ class KVCacheManager:
     def take_block_update(self, request_id: str) -> tuple[int, list[int]]:
         """(start, table[start:]): the entries changed since the last call for this request (all of them
         the first time); the worker applies it as table[start:] = ids."""
-        table = self.block_ids(request_id)
-        start = min(self._synced.get(request_id, 0), len(table))
-        if request_id in self._tables:
-            self._synced[request_id] = len(table)
-        return start, table[start:]
+        table = self._tables.get(request_id)
+        if table is None:
+            return 0, []
+        start, end = self._synced.get(request_id, 0), len(table)
+        self._synced[request_id] = end
+        return (end, []) if start >= end else (start, table[start:])
 
     def match_prefix(self, request: KVRequest) -> PrefixMatch:
         """Longest cached prefix of the request's tokens, capped so its last token is always computed."""

@@ -80,9 +80,13 @@ class SamplingMetadata:
         if vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
         greedy = [p.greedy for p in params]
+        logprobs = [p.logprobs for p in params if p.logprobs is not None]
+        if all(greedy):  # the common decode of greedy requests: an argmax needs nothing else
+            return cls(temperature=None, all_greedy=True, all_random=False, greedy_mask=None, top_k=None, max_top_k=1,
+                       top_p=None, min_p=None, generators={}, max_num_logprobs=max(logprobs, default=None),
+                       penalties=penalties, min_tokens=min_tokens)
         random_params = [p for p, g in zip(params, greedy) if not g]
         top_k = [_top_k(p, g, vocab_size) for p, g in zip(params, greedy)]
-        logprobs = [p.logprobs for p in params if p.logprobs is not None]
         generators = generators or {}
         missing = [i for i, (p, g) in enumerate(zip(params, greedy)) if not g and p.seed is not None
                    and i not in generators]
@@ -90,11 +94,10 @@ class SamplingMetadata:
             raise ValueError(f"generators: seeded random rows {missing} have no generator (the runner creates "
                              "one per seeded request)")
         return cls(
-            temperature=(None if all(greedy) else
-                         _floats([1.0 if g else p.temperature for p, g in zip(params, greedy)], device)),
-            all_greedy=all(greedy),
+            temperature=_floats([1.0 if g else p.temperature for p, g in zip(params, greedy)], device),
+            all_greedy=False,
             all_random=not any(greedy),
-            greedy_mask=(host_to_device(greedy, torch.bool, device) if any(greedy) and not all(greedy) else None),
+            greedy_mask=host_to_device(greedy, torch.bool, device) if any(greedy) else None,
             top_k=(host_to_device(top_k, torch.int64, device)
                    if any(0 < p.top_k < vocab_size for p in random_params) else None),
             max_top_k=max((k for k in top_k if k < vocab_size), default=1),

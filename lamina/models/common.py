@@ -145,9 +145,11 @@ class CausalLM(nn.Module):
         o_bias = arch.attention_bias if self.o_proj_bias is None else self.o_proj_bias
         rotary = RotaryEmbedding(arch.head_dim, arch.rope_theta, arch.max_position_embeddings, arch.rope_scaling,
                                  kernels)
-        attentions = [DecoderAttention(arch, qkv_bias, o_bias, self.qk_norm, attn_backend, rotary, kernels)
-                      for _ in range(arch.num_hidden_layers)]
-        self.model = DecoderModel(arch, [DecoderLayer(arch, attn, kernels) for attn in attentions], kernels)
+        # Layer by layer, each layer's weights allocated together: building all attention blocks first made
+        # W2 decode of Qwen3-0.6B 4 % slower on the H200 with the same kernels (docs/BENCHMARKS.md, issue #11).
+        layers = [DecoderLayer(arch, DecoderAttention(arch, qkv_bias, o_bias, self.qk_norm, attn_backend, rotary,
+                                                      kernels), kernels) for _ in range(arch.num_hidden_layers)]
+        self.model = DecoderModel(arch, layers, kernels)
         tied = self.model.embed_tokens if arch.tie_word_embeddings else None
         self.lm_head = ParallelLMHead(arch.vocab_size, arch.hidden_size, tied_to=tied, kernels=kernels)
 

@@ -21,7 +21,7 @@ from lamina.step import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from lamina.worker.penalty_state import PenaltyState
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestState:
     """One request as the worker knows it."""
 

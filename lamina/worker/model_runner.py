@@ -22,6 +22,7 @@ from lamina.kernels import compile_counter
 from lamina.layers.sampler import (LogprobsTensors, Sampler, SamplerOutput, SamplingMetadata, to_logprob_dicts,
                                    uses_sampling_kernel)
 from lamina.layers.sampling_metadata import min_tokens_mask, philox_keys
+from lamina.sampling_params import SamplingParams
 from lamina.step import ModelRunnerOutput, SchedulerOutput
 from lamina.worker.batch_state import BatchState
 from lamina.worker.cuda_graphs import CudaGraphRunner
@@ -137,7 +138,9 @@ class ModelRunner:
         if not host.sampling_req_ids:
             return PendingStep([], None)
         logits = self.model.compute_logits(hidden)
-        req_ids, keys = host.sampling_req_ids, self._philox_keys(host)
+        req_ids, held = host.sampling_req_ids, self.states.requests
+        params = [held[r].sampling_params for r in req_ids]
+        keys = self._philox_keys(params, host.sample_positions)
         try:
             out = self._sample(logits, req_ids, keys)
         except Exception as err:  # noqa: BLE001 - one row's failure must not fail the batch
@@ -151,7 +154,7 @@ class ModelRunner:
         """Count the samples for penalties (on the device) and wrap the step."""
         self.states.penalties.update(req_ids, out.sampled_token_ids)
         held = self.states.requests
-        num_logprobs = [held[r].sampling_params.logprobs for r in req_ids]
+        num_logprobs = [] if out.logprobs is None else [held[r].sampling_params.logprobs for r in req_ids]
         return PendingStep(req_ids, out.sampled_token_ids, out.logprobs, num_logprobs, failed or {},
                            on_result=self.states.record)
 
@@ -160,11 +163,13 @@ class ModelRunner:
         states = [held[r] for r in req_ids]
         params = [s.sampling_params for s in states]
         generators = {} if keys is not None else self._generators_for(req_ids, params)  # the torch path's
-        metadata = SamplingMetadata.build(
-            params, self.vocab_size, self.device, generators=generators, seeds=keys,
-            penalties=self.states.penalties.tensors(req_ids, params),
-            min_tokens=min_tokens_mask(params, [s.num_output_tokens for s in states],
-                                       [s.eos_token_ids for s in states], self.vocab_size, self.device))
+        min_tokens = None
+        if any(p.min_tokens for p in params):
+            min_tokens = min_tokens_mask(params, [s.num_output_tokens for s in states],
+                                         [s.eos_token_ids for s in states], self.vocab_size, self.device)
+        metadata = SamplingMetadata.build(params, self.vocab_size, self.device, generators=generators, seeds=keys,
+                                          penalties=self.states.penalties.tensors(req_ids, params),
+                                          min_tokens=min_tokens)
         return self.sampler(logits, metadata)
 
     def _sample_isolating(self, logits: torch.Tensor, req_ids: list[str], keys: list[int] | None,
@@ -213,18 +218,14 @@ class ModelRunner:
             hidden = self.model(batch.input_ids, batch.positions)
         return hidden[batch.logits_indices]
 
-    def _philox_keys(self, host: HostBatch) -> list[int] | None:
+    def _philox_keys(self, params: list[SamplingParams], positions: list[int]) -> list[int] | None:
         """Per-row keys of the sampling kernel (lamina.layers.sampler); None when it is not used: on the
         torch path (CPU, or no triton) and in all-greedy steps (an argmax draws nothing)."""
-        if not self.kernel_sampling:
+        if not self.kernel_sampling or all(p.greedy for p in params):
             return None
-        held = self.states.requests
-        params = [held[r].sampling_params for r in host.sampling_req_ids]
-        if all(p.greedy for p in params):
-            return None
-        return philox_keys([p.seed for p in params], host.sample_positions, self._step_keys.getrandbits(63))
+        return philox_keys([p.seed for p in params], positions, self._step_keys.getrandbits(63))
 
-    def _generators_for(self, req_ids: list[str], params: list) -> dict[int, torch.Generator]:
+    def _generators_for(self, req_ids: list[str], params: list[SamplingParams]) -> dict[int, torch.Generator]:
         """Row -> generator of the seeded rows. A request with a seed owns a generator for its whole life
         (so its samples do not depend on what it is batched with); it is created the first time the
         request samples. Any integer is a seed: torch takes 64 bits, so it gets `seed mod 2**64` (the key
