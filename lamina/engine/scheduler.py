@@ -4,9 +4,8 @@ Each step, running requests come first (1 token for a decode, the rest of a prom
 1 + k with drafts), then waiting requests are admitted while budget, sequence slots and KV blocks
 last. When blocks run out the newest running request is preempted (recompute: its blocks are
 freed, committed ones stay in the prefix cache) and no new request is admitted that step.
-Pure Python: no tensors. Each step's decision goes to the worker as a data message (lamina/step.py):
-a request the worker does not hold yet (new, or resumed after preemption) is sent whole, the others as
-their counters and block-table changes.
+Pure Python: no tensors. Each step's decision goes to the worker as a data message built by StepMessages
+(lamina/engine/step_message.py).
 """
 from __future__ import annotations
 
@@ -16,8 +15,9 @@ from collections import deque
 from lamina.config import SchedulerConfig
 from lamina.engine.request import Request, RequestStatus
 from lamina.engine.stats import SchedulerStats
+from lamina.engine.step_message import StepMessages
 from lamina.kv.kv_manager import KVCacheManager
-from lamina.step import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
+from lamina.step import ModelRunnerOutput, SchedulerOutput
 
 
 class Scheduler:
@@ -28,8 +28,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
-        self._freed_ids: list[str] = []
-        self._on_worker: set[str] = set()  # requests the worker holds a copy of (sent, not dropped since)
+        self.messages = StepMessages(kv_manager)
         self.stats = SchedulerStats()
 
     # ---- requests in and out -------------------------------------------------------------
@@ -74,30 +73,8 @@ class Scheduler:
         self.stats.kv_limited = bool(preempted)
         if not preempted:
             self._schedule_waiting(batch, num_scheduled, budget)
-        return self._message(batch, num_scheduled, {r.request_id: r.num_computed_tokens for r in batch},
-                             preempted=[r.request_id for r in preempted])
-
-    def _message(self, batch: list[Request], num_scheduled: dict[str, int], num_computed: dict[str, int],
-                 preempted: list[str] | None = None, decode_ahead: bool = False) -> SchedulerOutput:
-        """The step as data: requests the worker lacks go whole, the rest as counters and block changes."""
-        new_reqs: list[NewRequestData] = []
-        cached = CachedRequestData()
-        for request in batch:
-            req_id = request.request_id
-            start, blocks = self.kv.take_block_update(req_id)
-            if req_id in self._on_worker:
-                cached.append(req_id, num_computed[req_id], start, blocks)
-                continue
-            self._on_worker.add(req_id)
-            new_reqs.append(NewRequestData(req_id, request.prompt_token_ids, list(request.output_token_ids),
-                                           request.sampling_params, request.eos_token_ids, blocks,
-                                           num_computed[req_id]))
-        freed, self._freed_ids = self._freed_ids, []
-        drafts = {r.request_id: list(r.spec_token_ids) for r in batch if r.spec_token_ids}
-        return SchedulerOutput(req_ids=[r.request_id for r in batch], num_scheduled_tokens=num_scheduled,
-                               new_reqs=new_reqs, cached_reqs=cached, scheduled_spec_decode_tokens=drafts,
-                               finished_req_ids=freed, preempted_req_ids=preempted or [],
-                               decode_ahead=decode_ahead)
+        return self.messages.build(batch, num_scheduled, {r.request_id: r.num_computed_tokens for r in batch},
+                                   preempted=[r.request_id for r in preempted])
 
     def _schedule_running(self, batch: list[Request], num_scheduled: dict[str, int],
                           budget: int) -> list[Request]:
@@ -175,7 +152,7 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         self.kv.free(request)
-        self._on_worker.discard(request.request_id)
+        self.messages.preempted(request.request_id)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.spec_token_ids = []
@@ -213,8 +190,8 @@ class Scheduler:
         if not batch:
             return None
         # each computes position num_tokens: the token `inflight` samples for it
-        return self._message(batch, {r.request_id: 1 for r in batch}, {r.request_id: r.num_tokens for r in batch},
-                             decode_ahead=True)
+        return self.messages.build(batch, {r.request_id: 1 for r in batch},
+                                   {r.request_id: r.num_tokens for r in batch}, decode_ahead=True)
 
     def live_requests(self, scheduled: SchedulerOutput) -> list[Request]:
         """The requests of a step that are still running (one that ended, even if its id was reused by a
@@ -294,8 +271,7 @@ class Scheduler:
         request.metrics.finished_time = time.monotonic()
         self.kv.free(request)
         del self.requests[request.request_id]
-        self._on_worker.discard(request.request_id)
-        self._freed_ids.append(request.request_id)
+        self.messages.finished(request.request_id)
 
     def _record_step(self, scheduler_output: SchedulerOutput) -> None:
         stats = self.stats

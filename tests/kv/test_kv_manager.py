@@ -5,7 +5,8 @@ from collections.abc import Callable
 import pytest
 
 from lamina.engine.request import Request
-from lamina.kv.kv_manager import KVCacheManager, PrefixCacheStats, PrefixMatch
+from lamina.kv.kv_manager import KVCacheManager
+from lamina.kv.types import PrefixCacheStats, PrefixMatch
 from lamina.sampling_params import SamplingParams
 
 
