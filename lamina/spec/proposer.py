@@ -1,0 +1,31 @@
+"""Proposer: the one interface of every speculative-decoding method (n-gram, draft model, EAGLE, ...).
+
+A proposer guesses how each request continues; the target model verifies the guesses in one forward and
+the rejection sampler (lamina/layers/rejection_sampler.py) keeps the accepted prefix. A proposer never
+decides what the output is, so a bad guess costs time, never correctness.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+__all__ = ["Proposer"]
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    """Draft tokens for a batch of requests.
+
+    Contract of `propose(token_ids, max_drafts)`:
+
+    - `token_ids[i]` is request i's prompt followed by its verified output tokens (never earlier drafts);
+      a NumPy int array is accepted wherever a sequence is.
+    - The answer has one list per request, in order: `drafts[i]` continues `token_ids[i]`, i.e. drafts[i][0]
+      is the proposer's guess of the token right after token_ids[i][-1], drafts[i][1] the one after it, ...
+    - `len(drafts[i]) <= max_drafts[i]` always, and may be anything from 0 to that bound (0: no guess;
+      the request then decodes one token as without speculation). `max_drafts[i] == 0` gives [].
+    - Draft ids are token ids of the target's vocabulary (the proposer shares the target's tokenizer).
+    """
+
+    def propose(self, token_ids: list[Sequence[int]], max_drafts: list[int]) -> list[list[int]]:
+        ...
