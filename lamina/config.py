@@ -8,6 +8,7 @@ nothing in core code reads environment variables. This module is a leaf: it impo
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,6 +101,54 @@ class SchedulerConfig:
                      name, f"must be a positive integer or None (the device's default), got {value!r}")
 
 
+SPEC_METHODS = ("ngram",)  # built so far; issue #12 adds draft_model, eagle, medusa, early_exit
+MAX_SPEC_TOKENS = 7  # a verify step computes 1 + k tokens a request; the paged decode kernel takes up to 8
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (vLLM's `speculative_config`): drafts of `num_speculative_tokens` tokens verified in
+    one forward. "ngram" drafts by prompt lookup: the tokens that followed the latest earlier occurrence of the
+    sequence's last n tokens, n from prompt_lookup_max down to prompt_lookup_min."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 3
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 4
+
+    def __post_init__(self) -> None:
+        _require(self.method in SPEC_METHODS, "method",
+                 f"must be one of {SPEC_METHODS} (the methods lamina has so far), got {self.method!r}")
+        k = self.num_speculative_tokens
+        _require(_is_int(k) and 1 <= k <= MAX_SPEC_TOKENS, "num_speculative_tokens",
+                 f"must be an integer in [1, {MAX_SPEC_TOKENS}], got {k!r}")
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        _require(_is_int(lo) and lo >= 1, "prompt_lookup_min", f"must be an integer >= 1, got {lo!r}")
+        _require(_is_int(hi) and hi >= lo, "prompt_lookup_max",
+                 f"must be an integer >= prompt_lookup_min ({lo}), got {hi!r}")
+
+    @classmethod
+    def from_user(cls, value: object) -> SpeculativeConfig | None:
+        """None, a SpeculativeConfig, a dict of its fields, or that dict as JSON (the CLI's string)."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"speculative_config: not valid JSON ({err.msg}): {value!r}") from None
+        _require(isinstance(value, dict), "speculative_config",
+                 f"must be a dict of {[f.name for f in dataclasses.fields(cls)]}, got {value!r}")
+        allowed = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(value) - set(allowed))
+        _require(not unknown, "speculative_config", f"unknown key(s) {unknown}; allowed: {allowed}")
+        return cls(**value)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model_config: ModelConfig
@@ -111,6 +160,8 @@ class EngineConfig:
     cuda_graph_max_batch_size: int = 256  # decode batches up to this size are captured
     # Launch the next decode step before the current one's tokens reach the host (scheduler.schedule_ahead)
     async_scheduling: bool = True
+    # None: off; a SpeculativeConfig, or its fields as a dict or JSON string (vLLM's speculative_config)
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         _require(self.device in DEVICES, "device", f"must be one of {DEVICES}, got {self.device!r}")
@@ -123,6 +174,8 @@ class EngineConfig:
         size = self.cuda_graph_max_batch_size
         _require(isinstance(size, int) and not isinstance(size, bool) and size > 0,
                  "cuda_graph_max_batch_size", f"must be a positive integer, got {size!r}")
+        # frozen: the user's dict or JSON becomes the dataclass once, here
+        object.__setattr__(self, "speculative_config", SpeculativeConfig.from_user(self.speculative_config))
 
 
 @dataclass(frozen=True)

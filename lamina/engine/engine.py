@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from lamina.config import EngineConfig
 from lamina.device import resolve_device, resolve_dtype
 from lamina.engine.defaults import fit_to_kv_capacity, log_scheduler_config, resolve_scheduler_config
+from lamina.engine.drafts import propose_drafts
 from lamina.engine.input_processor import InputLimits, InputProcessor, PromptType
 from lamina.engine.output_processor import OutputProcessor
 from lamina.engine.request import Request, RequestStatus
@@ -39,6 +40,7 @@ from lamina.loader.hf_config import load_generation_config, load_model_arch
 from lamina.loader.tokenizer import Tokenizer
 from lamina.outputs import RequestOutput
 from lamina.sampling_params import SamplingParams
+from lamina.spec.ngram import NgramProposer
 from lamina.step import SchedulerOutput
 
 logger = logging.getLogger(__name__)
@@ -81,6 +83,9 @@ class LLMEngine:
         limits = InputLimits(self.arch.vocab_size, self.max_model_len, model_config.max_logprobs)
         self.input_processor = InputProcessor(self.tokenizer, limits, self._eos_token_ids())
         self.output_processor = OutputProcessor(self.tokenizer)
+        spec = config.speculative_config
+        self.proposer = None if spec is None else NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min,
+                                                                spec.prompt_lookup_max)
         self._ids = itertools.count()
         self._inflight: InflightStep | None = None  # launched ahead, not yet processed
         self._current: list[Request] = []  # the requests of the step being run (they fail if it raises)
@@ -151,7 +156,8 @@ class LLMEngine:
         else:
             inflight, self._inflight = self._inflight, None
             scheduled, self._current, pending = inflight.scheduled, inflight.requests, inflight.pending
-        if self.config.async_scheduling and not pending.failed:  # a failed row has no token to run ahead on
+        # A step runs ahead only without speculation (drafts need this step's tokens) and without failed rows.
+        if self.config.async_scheduling and self.proposer is None and not pending.failed:
             ahead = self.scheduler.schedule_ahead(scheduled)
             if ahead is not None:
                 self._inflight = InflightStep(ahead, self._requests_of(ahead), self.executor.execute_model(ahead))
@@ -161,6 +167,9 @@ class LLMEngine:
         changed = self.scheduler.update_from_output(scheduled, result)
         changed += self._fail_siblings(changed)
         outputs = self.output_processor.process(changed, self._stop_string_found)
+        if self.proposer is not None:
+            spec = self.config.speculative_config
+            propose_drafts(self.proposer, self.scheduler.running, spec.num_speculative_tokens, self.max_model_len)
         if self._inflight is not None and all(r.is_finished for r in self._inflight.requests):
             self._inflight = None  # nothing left in it to wait for (its device work is stream-ordered)
         if self.step_log is not None:

@@ -13,6 +13,7 @@ import time
 from collections import deque
 
 from lamina.config import SchedulerConfig
+from lamina.engine import drafts
 from lamina.engine.request import Request, RequestStatus
 from lamina.engine.stats import SchedulerStats
 from lamina.engine.step_message import StepMessages
@@ -86,6 +87,7 @@ class Scheduler:
             if num_new <= 0:
                 i += 1
                 continue
+            drafts.fit_to_budget(request, num_new)
             while not self.kv.allocate_slots(request, num_new):
                 victim = self.running.pop()  # the newest running request
                 self._preempt(victim)
@@ -222,8 +224,8 @@ class Scheduler:
                 self.fail_request(request.request_id, runner_output.failed[request.request_id])
                 changed.append(request)
                 continue
-            request.num_computed_tokens += scheduler_output.num_scheduled_tokens[request.request_id]
             tokens = runner_output.sampled_token_ids.get(request.request_id)
+            request.num_computed_tokens += self._num_verified(request, scheduler_output, tokens)
             if tokens:
                 self._append_tokens(request, tokens, runner_output, now)
                 changed.append(request)
@@ -231,8 +233,19 @@ class Scheduler:
             if request.is_finished:
                 self.running.remove(request)
                 self._free(request, request.status)
-        self._record_step(scheduler_output)
+        self.stats.record_step(scheduler_output.total_num_scheduled_tokens)
         return changed
+
+    def _num_verified(self, request: Request, scheduled: SchedulerOutput, tokens: list[int] | None) -> int:
+        """The step's tokens whose KV stands: all scheduled ones but the rejected drafts (lamina/engine/drafts.py)."""
+        num = scheduled.num_scheduled_tokens[request.request_id]
+        num_drafts = len(scheduled.scheduled_spec_decode_tokens.get(request.request_id, ()))
+        if num_drafts:
+            num_accepted = len(tokens) - 1 if tokens else 0
+            self.stats.spec.record(num_drafts, num_accepted)
+            request.spec_token_ids = []
+            num -= num_drafts - num_accepted
+        return num
 
     def _append_tokens(self, request: Request, tokens: list[int], runner_output: ModelRunnerOutput,
                        now: float) -> None:
@@ -273,22 +286,9 @@ class Scheduler:
         del self.requests[request.request_id]
         self.messages.finished(request.request_id)
 
-    def _record_step(self, scheduler_output: SchedulerOutput) -> None:
-        stats = self.stats
-        stats.num_steps += 1
-        stats.last_step_tokens = scheduler_output.total_num_scheduled_tokens
-        stats.total_scheduled_tokens += stats.last_step_tokens
-
     def make_stats(self) -> SchedulerStats:
         """Refresh the snapshot's gauges from the queues and the KV cache."""
-        stats, kv = self.stats, self.kv
-        stats.num_running, stats.num_waiting = len(self.running), len(self.waiting)
-        stats.kv_limited = stats.kv_limited and bool(self.waiting)
-        stats.kv_blocks_free = kv.num_free_blocks + kv.num_evictable_blocks
-        stats.kv_blocks_used = kv.num_total_blocks - stats.kv_blocks_free
-        stats.kv_usage = kv.usage
-        stats.prefix_cache_queries, stats.prefix_cache_hits = kv.stats.queries, kv.stats.hits
-        return stats
+        return self.stats.refresh(len(self.running), len(self.waiting), self.kv)
 
 
 def _reads_its_output(request: Request) -> bool:

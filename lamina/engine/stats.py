@@ -1,8 +1,11 @@
 """Counters the server and the benchmarks read: per engine and per step."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
+
+from lamina.engine.drafts import SpecDecodeStats
+from lamina.kv.kv_manager import KVCacheManager
 
 StepKind = Literal["prefill", "decode", "decode ahead"]
 
@@ -23,6 +26,22 @@ class SchedulerStats:
     num_steps: int = 0
     last_step_tokens: int = 0
     total_scheduled_tokens: int = 0
+    spec: SpecDecodeStats = field(default_factory=SpecDecodeStats)  # speculative decoding, when on
+
+    def record_step(self, num_tokens: int) -> None:
+        self.num_steps += 1
+        self.last_step_tokens = num_tokens
+        self.total_scheduled_tokens += num_tokens
+
+    def refresh(self, num_running: int, num_waiting: int, kv: KVCacheManager) -> SchedulerStats:
+        """Set the gauges from the queue lengths and the KV cache; returns self."""
+        self.num_running, self.num_waiting = num_running, num_waiting
+        self.kv_limited = self.kv_limited and bool(num_waiting)
+        self.kv_blocks_free = kv.num_free_blocks + kv.num_evictable_blocks
+        self.kv_blocks_used = kv.num_total_blocks - self.kv_blocks_free
+        self.kv_usage = kv.usage
+        self.prefix_cache_queries, self.prefix_cache_hits = kv.stats.queries, kv.stats.hits
+        return self
 
     @property
     def prefix_cache_hit_rate(self) -> float:

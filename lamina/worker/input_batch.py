@@ -5,8 +5,9 @@ forward needs: first as host lists (`HostBatch`), then as device tensors (`Input
       input_ids   += tokens[c : c + q]          positions += [c, c + q)
       slot_mapping += block_ids[p // bs] * bs + p % bs   for p in [c, c + q)
       seq_lens    += c + q
-      logits index = last flattened token of r, only if c + q reaches the end of r's tokens
-      sample position = c + q: the index in r's tokens of the token it samples (keys its random draw)
+      logits index = last flattened token of r, only if c + q reaches the end of r's tokens; with k drafts,
+                     the last k + 1 (row j predicts draft j, the last row the bonus token)
+      sample position = c + q - k: the index in r's tokens of the first token it samples (keys its draw)
     a decode_ahead step: one token at position c (q = 1), input id 0 until the model runner writes the
     in-flight step's sample there; it always samples
 
@@ -40,7 +41,9 @@ class HostBatch:
     block_tables: list[list[int]]  # [B][W]: each request's block ids, padded with 0 to the widest
     logits_indices: list[int]  # [S]
     sampling_req_ids: list[str]  # the S requests that sample a token this step
-    sample_positions: list[int] = field(default_factory=list)  # [S]: index of the token each one samples
+    sample_positions: list[int] = field(default_factory=list)  # [S]: index of the first token each one samples
+    num_draft_tokens: list[int] = field(default_factory=list)  # [S]: k, drafts verified (k + 1 logits rows)
+    draft_token_ids: list[int] = field(default_factory=list)  # the drafts, flat, in row order
 
     @property
     def num_seqs(self) -> int:
@@ -80,6 +83,8 @@ def plan_batch(scheduled: SchedulerOutput, states: BatchState, block_size: int) 
     logits_indices: list[int] = []
     sampling: list[str] = []
     sample_positions: list[int] = []
+    num_drafts: list[int] = []
+    draft_ids: list[int] = []
     tables: list[list[int]] = []
     drafts, held = scheduled.scheduled_spec_decode_tokens, states.requests
     for req_id in scheduled.req_ids:
@@ -101,13 +106,16 @@ def plan_batch(scheduled: SchedulerOutput, states: BatchState, block_size: int) 
         query_start.append(len(input_ids))
         seq_lens.append(end)
         if end >= state.num_tokens or scheduled.decode_ahead:
-            logits_indices.append(len(input_ids) - 1)
+            verified = drafts.get(req_id, [])[:end - state.num_tokens]
+            logits_indices.extend(range(len(input_ids) - 1 - len(verified), len(input_ids)))
             sampling.append(req_id)
-            sample_positions.append(end)
+            sample_positions.append(end - len(verified))
+            num_drafts.append(len(verified))
+            draft_ids += verified
     width = max(len(t) for t in tables)
     tables = [t + [0] * (width - len(t)) for t in tables]
     return HostBatch(input_ids, positions, slots, query_start, seq_lens, tables, logits_indices, sampling,
-                     sample_positions)
+                     sample_positions, num_drafts, draft_ids)
 
 
 ALIGN_BYTES = 16  # every packed field starts 16-byte aligned, like a tensor of its own

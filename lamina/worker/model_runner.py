@@ -8,10 +8,7 @@ device.
 """
 from __future__ import annotations
 
-import dataclasses
 import random
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -19,23 +16,16 @@ import torch
 from lamina.attention.metadata import set_attention_metadata
 from lamina.failures import is_fatal
 from lamina.kernels import compile_counter
-from lamina.layers.sampler import (LogprobsTensors, Sampler, SamplerOutput, SamplingMetadata, to_logprob_dicts,
-                                   uses_sampling_kernel)
-from lamina.layers.sampling_metadata import min_tokens_mask, philox_keys
+from lamina.layers.rejection_sampler import RejectionSampler
+from lamina.layers.sampler import Sampler, SamplerOutput, SamplingMetadata, uses_sampling_kernel
+from lamina.layers.sampling_metadata import host_to_device, min_tokens_mask, philox_keys
 from lamina.sampling_params import SamplingParams
-from lamina.step import ModelRunnerOutput, SchedulerOutput
+from lamina.step import SchedulerOutput
 from lamina.worker.batch_state import BatchState
 from lamina.worker.cuda_graphs import CudaGraphRunner
 from lamina.worker.input_batch import HostBatch, plan_batch, to_device
+from lamina.worker.pending_step import PendingStep
 from lamina.worker.penalty_state import PenaltyState
-
-
-def _to_host(t: torch.Tensor) -> torch.Tensor:
-    """Queue a copy of a device tensor into pinned host memory (CPU tensors are returned as they are)."""
-    if t.device.type == "cpu":
-        return t
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    return host.copy_(t, non_blocking=True)
 
 
 def _select_rows(t: torch.Tensor, rows: list[int], device: torch.device) -> torch.Tensor:
@@ -43,63 +33,6 @@ def _select_rows(t: torch.Tensor, rows: list[int], device: torch.device) -> torc
     if rows == list(range(len(rows))):
         return t[:len(rows)]
     return t.index_select(0, torch.from_numpy(np.array(rows, dtype=np.int64)).to(device, non_blocking=True))
-
-
-@dataclass
-class PendingStep:
-    """A launched step: row i of `sampled` is the token of req_ids[i], still on the device; `failed`:
-    the requests whose sampling raised (request_id -> error), in no row. `num_logprobs[i]`: how many
-    logprobs req_ids[i] asked for (None: none). `on_result` gets the answer once it is read.
-
-    The copies to the host are queued right behind the step's own work, before any later step is
-    launched, so `result()` waits for this step only, not for the one launched after it.
-    """
-
-    req_ids: list[str]
-    sampled: torch.Tensor | None  # [S] int64 on the device; None when no request samples
-    logprobs: LogprobsTensors | None = None
-    num_logprobs: list[int | None] = field(default_factory=list)
-    failed: dict[str, str] = field(default_factory=dict)
-    on_result: Callable[[ModelRunnerOutput], None] | None = None
-    num_compiles: int = 0  # Triton compiles while it was launched
-
-    def __post_init__(self) -> None:
-        self._host_sampled = None if self.sampled is None else _to_host(self.sampled)
-        self._host_logprobs = None
-        if self.logprobs is not None:
-            fields = dataclasses.fields(self.logprobs)  # (astuple would deep-copy the tensors)
-            self._host_logprobs = LogprobsTensors(*(_to_host(getattr(self.logprobs, f.name)) for f in fields))
-        self._rows: dict[str, int] | None = None
-        self._done = None
-        if self.sampled is not None and self.sampled.is_cuda:
-            self._done = torch.cuda.Event()
-            self._done.record()
-
-    def row_of(self, request_id: str) -> int | None:
-        if self._rows is None:
-            self._rows = {r: i for i, r in enumerate(self.req_ids)}
-        return self._rows.get(request_id)
-
-    def result(self) -> ModelRunnerOutput:
-        """Wait for the step and return its tokens (and logprobs) on the host."""
-        output = self._read()
-        if self.on_result is not None:
-            self.on_result(output)
-        return output
-
-    def _read(self) -> ModelRunnerOutput:
-        if self._host_sampled is None:
-            return ModelRunnerOutput(sampled_token_ids={}, failed=self.failed, num_compiles=self.num_compiles)
-        if self._done is not None:
-            self._done.synchronize()
-        token_ids = self._host_sampled.tolist()
-        sampled = {r: [t] for r, t in zip(self.req_ids, token_ids)}
-        logprobs = {}
-        if self._host_logprobs is not None:
-            rows = to_logprob_dicts(self._host_logprobs, token_ids, self.num_logprobs)
-            logprobs = {r: [row] for r, row in zip(self.req_ids, rows) if row is not None}
-        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, failed=self.failed,
-                                 num_compiles=self.num_compiles)
 
 
 class ModelRunner:
@@ -111,6 +44,7 @@ class ModelRunner:
         self.device = device
         self.states = BatchState(PenaltyState(vocab_size, device))
         self.sampler = Sampler(generator=torch.Generator(device).manual_seed(seed))
+        self.rejection_sampler = RejectionSampler(generator=torch.Generator(device).manual_seed(seed + 1))
         self._generators: dict[str, torch.Generator] = {}
         self._step_keys = random.Random(seed)  # keys of the rows without a seed, fresh every step
         self._last: PendingStep | None = None  # the step launched last (a decode_ahead step reads its tokens)
@@ -138,6 +72,9 @@ class ModelRunner:
         if not host.sampling_req_ids:
             return PendingStep([], None)
         logits = self.model.compute_logits(hidden)
+        if any(host.num_draft_tokens):
+            self._last = self._verify(logits, host)
+            return self._last
         req_ids, held = host.sampling_req_ids, self.states.requests
         params = [held[r].sampling_params for r in req_ids]
         keys = self._philox_keys(params, host.sample_positions)
@@ -150,13 +87,31 @@ class ModelRunner:
         self._last = self._pending(req_ids, out)
         return self._last
 
-    def _pending(self, req_ids: list[str], out: SamplerOutput, failed: dict[str, str] | None = None) -> PendingStep:
-        """Count the samples for penalties (on the device) and wrap the step."""
+    def _verify(self, logits: torch.Tensor, host: HostBatch) -> PendingStep:
+        """A step with drafts: requests without any sample as usual from their one row; the others' k + 1 rows go
+        through the rejection sampler (the target distribution exactly). A failure here fails the whole step."""
+        plain, plain_rows, spec, spec_rows, num_drafts = _split_by_drafts(host.sampling_req_ids,
+                                                                          host.num_draft_tokens)
+        params = [self.states.requests[r].sampling_params for r in spec]
+        metadata = SamplingMetadata.build(params, self.vocab_size, self.device,
+                                          generators=self._generators_for(spec, params))
+        verified = self.rejection_sampler(_select_rows(logits, spec_rows, self.device), num_drafts,
+                                          host_to_device(host.draft_token_ids, torch.int64, self.device), metadata)
+        if not plain:
+            return PendingStep([], None, on_result=self.states.record, verified_req_ids=spec,
+                               verified=verified.token_ids)
+        out = self._sample(_select_rows(logits, plain_rows, self.device), plain, None)
+        return self._pending(plain, out, verified=(spec, verified.token_ids))
+
+    def _pending(self, req_ids: list[str], out: SamplerOutput, failed: dict[str, str] | None = None,
+                 verified: tuple[list[str], torch.Tensor] | None = None) -> PendingStep:
+        """Count the samples for penalties (on the device) and wrap the step (with its verified drafts, if any)."""
         self.states.penalties.update(req_ids, out.sampled_token_ids)
         held = self.states.requests
         num_logprobs = [] if out.logprobs is None else [held[r].sampling_params.logprobs for r in req_ids]
+        verified_ids, verified_tokens = verified if verified is not None else ([], None)
         return PendingStep(req_ids, out.sampled_token_ids, out.logprobs, num_logprobs, failed or {},
-                           on_result=self.states.record)
+                           on_result=self.states.record, verified_req_ids=verified_ids, verified=verified_tokens)
 
     def _sample(self, logits: torch.Tensor, req_ids: list[str], keys: list[int] | None) -> SamplerOutput:
         held = self.states.requests
@@ -239,3 +194,20 @@ class ModelRunner:
                 self._generators[req_id] = torch.Generator(self.device).manual_seed(p.seed % 2**64)
             rows[row] = self._generators[req_id]
         return rows
+
+
+def _split_by_drafts(req_ids: list[str], num_drafts: list[int]
+                     ) -> tuple[list[str], list[int], list[str], list[int], list[int]]:
+    """(requests without drafts, their logits rows, requests with drafts, their k + 1 rows each, their k)."""
+    plain, plain_rows, spec, spec_rows, spec_k = [], [], [], [], []
+    row = 0
+    for req_id, k in zip(req_ids, num_drafts):
+        if k:
+            spec.append(req_id)
+            spec_rows.extend(range(row, row + k + 1))
+            spec_k.append(k)
+        else:
+            plain.append(req_id)
+            plain_rows.append(row)
+        row += k + 1
+    return plain, plain_rows, spec, spec_rows, spec_k

@@ -24,7 +24,8 @@ from lamina.loader.model_loader import load_model
 from lamina.step import SchedulerOutput
 from lamina.worker.cuda_graphs import CudaGraphRunner, graph_decision
 from lamina.worker.kv_sizing import blocks_for_utilization, profile_peak_bytes
-from lamina.worker.model_runner import ModelRunner, PendingStep
+from lamina.worker.model_runner import ModelRunner
+from lamina.worker.pending_step import PendingStep
 from lamina.worker.warmup import warm_up_kernels
 
 logger = logging.getLogger(__name__)

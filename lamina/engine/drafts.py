@@ -1,0 +1,76 @@
+"""Speculative decoding on the engine side: which requests get drafts and how many, fitting them to the step's
+budget, and the bookkeeping after verification.
+
+    token ids:  | prompt ... | outputs ... | last | d_0 .. d_{k-1} |   (drafts in request.spec_token_ids)
+                                            ^ num_computed_tokens = num_tokens - 1 (only the last lacks KV)
+
+A verify step computes the last token and the k drafts (1 + k tokens) and returns a + 1 tokens: the a drafts
+accepted, then a correction (a < k) or a bonus token (a = k). The KV of the k - a rejected drafts is void:
+num_computed_tokens advances by 1 + a, not 1 + k, and those slots are written again later.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lamina.engine.request import Request
+from lamina.spec.proposer import Proposer
+
+
+def max_drafts(request: Request, k: int, max_model_len: int) -> int:
+    """How many drafts `request` may get: none while it is mid-prompt, or when its sampling reads its own
+    output (penalties, min_tokens) or it asks for logprobs (the verifier does not compute them); never so many
+    that the tokens could pass max_tokens or max_model_len."""
+    params = request.sampling_params
+    if (request.num_computed_tokens != request.num_tokens - 1 or params.has_penalties
+            or request.num_output_tokens < params.min_tokens or params.logprobs is not None):
+        return 0
+    room = max_model_len - request.num_tokens - 1
+    if params.max_tokens is not None:
+        room = min(room, params.max_tokens - request.num_output_tokens - 1)
+    return max(0, min(k, room))
+
+
+def propose_drafts(proposer: Proposer, requests: list[Request], k: int, max_model_len: int) -> None:
+    """Set the drafts of every running request that may have some (spec_token_ids; [] for the others)."""
+    limits = [max_drafts(r, k, max_model_len) for r in requests]
+    asking = [i for i, n in enumerate(limits) if n > 0]
+    drafts = proposer.propose([requests[i].all_token_ids for i in asking], [limits[i] for i in asking])
+    for request in requests:
+        request.spec_token_ids = []
+    for i, tokens in zip(asking, drafts):
+        requests[i].spec_token_ids = list(tokens[:limits[i]])
+
+
+def fit_to_budget(request: Request, num_new: int) -> None:
+    """Drop the drafts that the step's `num_new` tokens for this request do not reach."""
+    reached = request.num_computed_tokens + num_new - request.num_tokens
+    if reached < len(request.spec_token_ids):
+        request.spec_token_ids = request.spec_token_ids[:max(0, reached)]
+
+
+@dataclass
+class SpecDecodeStats:
+    """Cumulative counters of verified drafts (vLLM's spec_decode metrics)."""
+
+    num_drafts: int = 0  # verify steps of a request with at least one draft
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)  # [j]: drafts accepted at position j
+
+    def record(self, num_drafts: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
+        if len(self.accepted_per_pos) < num_drafts:
+            self.accepted_per_pos += [0] * (num_drafts - len(self.accepted_per_pos))
+        for j in range(num_accepted):
+            self.accepted_per_pos[j] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens a verify step yields on average: accepted drafts + the correction or bonus."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0

@@ -1,0 +1,87 @@
+"""Speculative decoding (n-gram drafts) in the engine: greedy output is token-identical to the engine without
+it, under chunked prefill, the prefix cache on and off, preemption, n > 1, stops inside an accepted run and
+max_tokens mid-run; drafts are really proposed and accepted; no KV block leaks."""
+from __future__ import annotations
+
+import pytest
+
+from lamina import LLM, SamplingParams
+from tests.helpers.tiny_models import make_tiny_model
+from tests.helpers.tiny_tokenizer import save_tiny_tokenizer
+
+# Repetitive prompts, so that prompt lookup finds drafts (a tiny random model also repeats itself).
+PROMPTS = ["def f(x): return x + 1\ndef f(x): return", "a = [1, 2, 3, 1, 2, 3, 1, 2", "print(", "x",
+           "for i in range(3):\n    for i in range(", "class A:\n    pass\nclass B:\n    pass\nclass"]
+SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    path = make_tiny_model("qwen3", tmp_path_factory.mktemp("spec"), vocab_size=320)
+    save_tiny_tokenizer(path, vocab_size=300)
+    return str(path)
+
+
+def run(model_dir: str, params: list[SamplingParams] | SamplingParams, spec: bool, min_preemptions: int = 0,
+        **engine) -> list:
+    engine = {"block_size": 4, "num_kv_blocks": 200, "max_model_len": 128, **engine}
+    llm = LLM(model=model_dir, speculative_config=SPEC if spec else None, **engine)
+    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+    llm.engine.check_integrity()
+    stats = llm.engine.get_stats()
+    assert stats.num_preemptions >= min_preemptions
+    if spec:
+        assert stats.spec.num_accepted_tokens > 0 and stats.spec.num_draft_tokens > stats.spec.num_accepted_tokens
+    return [[(c.token_ids, c.text, c.finish_reason, c.stop_reason) for c in o.outputs] for o in outputs]
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+
+
+@pytest.mark.parametrize("engine", [
+    {},
+    {"enable_prefix_caching": False},
+    {"max_num_batched_tokens": 8},  # chunked prefill; drafts cut to the step's budget
+    {"num_kv_blocks": 40, "max_num_batched_tokens": 16, "min_preemptions": 1},
+], ids=["default", "no-prefix-cache", "chunked", "preemption"])
+def test_greedy_output_is_identical_to_no_speculation(model_dir: str, engine: dict) -> None:
+    assert run(model_dir, GREEDY, True, **engine) == run(model_dir, GREEDY, False, **engine)
+
+
+def test_stops_and_max_tokens_inside_an_accepted_run(model_dir: str) -> None:
+    """Stop ids, stop strings, EOS and max_tokens that fall among accepted drafts end the request there: the
+    tokens after them are not in the output (as without speculation)."""
+    plain = run(model_dir, GREEDY, False)
+    params = []
+    for i, outputs in enumerate(plain):
+        tokens, text = outputs[0][0], outputs[0][1]
+        kind = i % 4
+        if kind == 0:
+            params.append(SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[tokens[17]]))
+        elif kind == 1:
+            params.append(SamplingParams(temperature=0, max_tokens=40, stop=[text[9:12]], ignore_eos=True))
+        elif kind == 2:
+            params.append(SamplingParams(temperature=0, max_tokens=13, ignore_eos=True))  # mid-run
+        else:
+            params.append(SamplingParams(temperature=0, max_tokens=40, min_tokens=2))  # no drafts below min_tokens
+    assert run(model_dir, params, True) == run(model_dir, params, False)
+
+
+def test_n_samples_and_logprobs(model_dir: str) -> None:
+    """n > 1 greedy samples are identical; a request asking for logprobs gets no drafts and the same output."""
+    params = [SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, n=2),
+              SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, logprobs=2)] * 3
+    assert run(model_dir, params, True) == run(model_dir, params, False)
+
+
+def test_seeded_sampling_is_reproducible_with_speculation(model_dir: str) -> None:
+    params = SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=30, ignore_eos=True)
+    assert run(model_dir, params, True) == run(model_dir, params, True)
+
+
+def test_bad_speculative_config_names_the_field(model_dir: str) -> None:
+    for bad, field in [({"method": "eagle"}, "method"), ({"num_speculative_tokens": 0}, "num_speculative_tokens"),
+                       ({"prompt_lookup_min": 3, "prompt_lookup_max": 2}, "prompt_lookup_max"),
+                       ({"k": 2}, "speculative_config"), ("{not json", "speculative_config")]:
+        with pytest.raises(ValueError, match=field):
+            LLM(model=model_dir, speculative_config=bad)
