@@ -37,6 +37,16 @@ def test_generate_streams_the_same_text_as_the_api(model_dir, capsys):
     assert capsys.readouterr().out == expected_text(model_dir, ["def add(a, b):"], 12)[0] + "\n"
 
 
+def test_generate_with_speculative_config_streams_the_same_greedy_text(model_dir, capsys):
+    prompt = "a = [1, 2, 3, 1, 2, 3, 1, 2"
+    rc = main(["generate", prompt, "--model", model_dir, "--max-tokens", "24", "--temperature", "0", "--ignore-eos",
+               "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}', *ENGINE])
+    assert rc == 0
+    assert capsys.readouterr().out == expected_text(model_dir, [prompt], 24)[0] + "\n"
+    assert main(["generate", "x", "--model", model_dir, "--speculative-config", '{"method": "medusa"}', *ENGINE]) == 2
+    assert "method" in capsys.readouterr().err
+
+
 def test_generate_batch_jsonl_in_input_order(model_dir, tmp_path):
     prompts = ["class Point:", "for i in range(10):", "日本語"]
     src = tmp_path / "in.jsonl"

@@ -75,7 +75,7 @@ class AsyncEngine:
         self._closed = False
         self._dead: BaseException | None = None
         self._streams: dict[str, RequestStream] = {}  # engine thread only
-        self._stats = dataclasses.replace(engine.get_stats())
+        self._stats = engine.get_stats().snapshot()
         self._num_inflight_seqs = 0  # event-loop side: sequences submitted and not yet finished
         # Called as requests finish by the output processor: only it can build a DELTA request's whole output.
         engine.output_processor.on_finished = self._notify_finished
@@ -246,7 +246,7 @@ class AsyncEngine:
             logger.exception("on_finished hook failed for request %s", output.request_id)
 
     def _snapshot_stats(self) -> None:
-        self._stats = dataclasses.replace(self.engine.get_stats())
+        self._stats = self.engine.get_stats().snapshot()
 
     def _fail_all(self, error: BaseException) -> None:
         with self._lock:

@@ -1,6 +1,7 @@
 """Counters the server and the benchmarks read: per engine and per step."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -27,6 +28,11 @@ class SchedulerStats:
     last_step_tokens: int = 0
     total_scheduled_tokens: int = 0
     spec: SpecDecodeStats = field(default_factory=SpecDecodeStats)  # speculative decoding, when on
+
+    def snapshot(self) -> SchedulerStats:
+        """A copy that later steps do not change (for another thread to read)."""
+        spec = dataclasses.replace(self.spec, accepted_per_pos=list(self.spec.accepted_per_pos))
+        return dataclasses.replace(self, spec=spec)
 
     def record_step(self, num_tokens: int) -> None:
         self.num_steps += 1

@@ -11,6 +11,9 @@
         lamina:prefix_cache_hit_rate                                              gauges
         lamina:prefix_cache_queries_total, lamina:prefix_cache_hits_total,
         lamina:num_preemptions_total                                              counters
+        lamina:spec_decode_num_drafts_total, lamina:spec_decode_num_draft_tokens_total,
+        lamina:spec_decode_num_accepted_tokens_total,
+        lamina:spec_decode_num_accepted_tokens_per_pos_total{position}            counters (speculation on)
 
 Every metric carries a `model_name` label, as vLLM's do.
 """
@@ -60,6 +63,19 @@ class _EngineCollector(Collector):
         yield self._family(counter, "prefix_cache_hits", "Prompt tokens found in the prefix cache.",
                            s.prefix_cache_hits)
         yield self._family(counter, "num_preemptions", "Preemptions since start.", s.num_preemptions)
+        yield from self._spec_decode(s)
+
+    def _spec_decode(self, s: SchedulerStats) -> Iterator[Metric]:
+        spec, counter = s.spec, CounterMetricFamily
+        yield self._family(counter, "spec_decode_num_drafts", "Verify steps of requests with drafts.", spec.num_drafts)
+        yield self._family(counter, "spec_decode_num_draft_tokens", "Draft tokens verified.", spec.num_draft_tokens)
+        yield self._family(counter, "spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+                           spec.num_accepted_tokens)
+        per_pos = counter(PREFIX + "spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted at each position.",
+                          labels=["model_name", "position"])
+        for position, accepted in enumerate(spec.accepted_per_pos):
+            per_pos.add_metric([*self._labels, str(position)], accepted)
+        yield per_pos
 
 
 class ServerMetrics:
