@@ -27,6 +27,8 @@ class RequestMetrics:
     num_cached_tokens: int = 0  # prefix-cache hit at first admission
     num_preemptions: int = 0
     num_generation_tokens: int = 0
+    num_draft_tokens: int = 0  # speculative decoding: drafts verified for this request
+    num_accepted_tokens: int = 0  # of which accepted
 
     @property
     def ttft(self) -> float | None:

@@ -243,6 +243,8 @@ class Scheduler:
         if num_drafts:
             num_accepted = len(tokens) - 1 if tokens else 0
             self.stats.spec.record(num_drafts, num_accepted)
+            request.metrics.num_draft_tokens += num_drafts
+            request.metrics.num_accepted_tokens += num_accepted
             request.spec_token_ids = []
             num -= num_drafts - num_accepted
         return num
