@@ -125,7 +125,7 @@ class StepTrace:
                     for s in self.steps if s.compiles]
         out: dict[str, Any] = {"triton_compiles": sum(s.compiles for s in self.steps),
                                "steps_that_compiled": compiles, "prefill_steps": prefills}
-        for kind in ("prefill", "decode", "decode ahead"):
+        for kind in ("prefill", "decode", "decode ahead", "verify"):
             steps = [s for s in self.steps if s.kind == kind]
             out[kind] = dict(steps=len(steps), seconds=round(sum(s.seconds for s in steps), 3),
                              device_wait_s=round(sum(s.device_wait_s for s in steps), 3),

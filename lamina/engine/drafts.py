@@ -48,6 +48,12 @@ def fit_to_budget(request: Request, num_new: int) -> None:
         request.spec_token_ids = request.spec_token_ids[:max(0, reached)]
 
 
+def drop(request: Request) -> int:
+    """Remove the request's drafts (blocks are short); returns how many there were."""
+    num, request.spec_token_ids = len(request.spec_token_ids), []
+    return num
+
+
 @dataclass
 class SpecDecodeStats:
     """Cumulative counters of verified drafts (vLLM's spec_decode metrics)."""

@@ -86,6 +86,9 @@ class LLMEngine:
         spec = config.speculative_config
         self.proposer = None if spec is None else NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min,
                                                                 spec.prompt_lookup_max)
+        if spec is not None and config.async_scheduling:
+            logger.info("speculative decoding (%s, k=%d): no step is launched ahead while drafting (drafts need "
+                        "each step's tokens)", spec.method, spec.num_speculative_tokens)
         self._ids = itertools.count()
         self._inflight: InflightStep | None = None  # launched ahead, not yet processed
         self._current: list[Request] = []  # the requests of the step being run (they fail if it raises)
@@ -233,6 +236,7 @@ class LLMEngine:
 def _step_stats(scheduled: SchedulerOutput, launched_ahead: bool, seconds: float, waited: float,
                 compiles: int) -> StepStats:
     tokens, rows = scheduled.total_num_scheduled_tokens, len(scheduled.req_ids)
-    kind = "decode ahead" if launched_ahead else "prefill" if tokens > rows else "decode"
+    kind = ("decode ahead" if launched_ahead else "verify" if scheduled.scheduled_spec_decode_tokens
+            else "prefill" if tokens > rows else "decode")
     return StepStats(kind, tokens, rows, seconds, waited, compiles)
 

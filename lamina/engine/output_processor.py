@@ -121,6 +121,8 @@ class OutputProcessor:
                     if logprob.decoded_token is None:
                         logprob.decoded_token = detok.decode_token(token_id)
         if stop is not None:
+            request.truncate_output(detok.num_output_tokens)  # tokens accepted after the stop are not output
+            sample.num_seen_tokens = request.num_output_tokens
             on_stop(request, stop)
 
     def _make_output(self, group: _Group, kind: RequestOutputKind | None = None) -> RequestOutput:

@@ -95,3 +95,17 @@ class Request:
     def append_output_token_ids(self, token_ids: list[int]) -> None:
         self.output_token_ids.extend(token_ids)
         self._all_token_ids.extend(token_ids)
+
+    def truncate_output(self, num_output_tokens: int) -> None:
+        """Keep the first `num_output_tokens` outputs: a stop string ended the text inside a run of accepted
+        drafts, and the tokens after it are not part of the output (nor of its logprobs or counts)."""
+        drop = self.num_output_tokens - num_output_tokens
+        if drop <= 0:
+            return
+        if self.logprobs is not None:
+            dropped = zip(self.output_token_ids[num_output_tokens:], self.logprobs[num_output_tokens:])
+            self.cumulative_logprob -= sum(entry[token].logprob for token, entry in dropped)
+            del self.logprobs[num_output_tokens:]
+        del self.output_token_ids[num_output_tokens:]
+        del self._all_token_ids[-drop:]
+        self.metrics.num_generation_tokens = num_output_tokens

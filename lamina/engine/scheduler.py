@@ -75,7 +75,7 @@ class Scheduler:
         if not preempted:
             self._schedule_waiting(batch, num_scheduled, budget)
         return self.messages.build(batch, num_scheduled, {r.request_id: r.num_computed_tokens for r in batch},
-                                   preempted=[r.request_id for r in preempted])
+                                   preempted_ids=[r.request_id for r in preempted])
 
     def _schedule_running(self, batch: list[Request], num_scheduled: dict[str, int],
                           budget: int) -> list[Request]:
@@ -89,6 +89,9 @@ class Scheduler:
                 continue
             drafts.fit_to_budget(request, num_new)
             while not self.kv.allocate_slots(request, num_new):
+                if request.spec_token_ids:  # drafts are optional: drop them before preempting anyone
+                    num_new -= drafts.drop(request)
+                    continue
                 victim = self.running.pop()  # the newest running request
                 self._preempt(victim)
                 preempted.append(victim)

@@ -8,7 +8,7 @@ from typing import Literal
 from lamina.engine.drafts import SpecDecodeStats
 from lamina.kv.kv_manager import KVCacheManager
 
-StepKind = Literal["prefill", "decode", "decode ahead"]
+StepKind = Literal["prefill", "decode", "decode ahead", "verify"]
 
 
 @dataclass
@@ -65,7 +65,8 @@ class StepStats:
     """One engine step, recorded while `LLMEngine.step_log` is a list (benchmarks, profiling).
 
     kind: "decode ahead" when the step was launched by Scheduler.schedule_ahead during the step before it;
-    else "prefill" when some request computed more than one token, else "decode"."""
+    "verify" when it verified drafts (speculative decoding); else "prefill" when some request computed more
+    than one token, else "decode"."""
 
     kind: StepKind
     num_tokens: int  # scheduled this step

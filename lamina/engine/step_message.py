@@ -19,7 +19,7 @@ class StepMessages:
         self._finished: list[str] = []  # ended since the last message
 
     def build(self, batch: list[Request], num_scheduled: dict[str, int], num_computed: dict[str, int],
-              preempted: list[str] | None = None, decode_ahead: bool = False) -> SchedulerOutput:
+              preempted_ids: list[str] | None = None, decode_ahead: bool = False) -> SchedulerOutput:
         """The message of one step: `batch` in order, each computing num_scheduled[id] tokens from
         num_computed[id]."""
         new_reqs: list[NewRequestData] = []
@@ -38,7 +38,7 @@ class StepMessages:
         drafts = {r.request_id: list(r.spec_token_ids) for r in batch if r.spec_token_ids}
         return SchedulerOutput(req_ids=[r.request_id for r in batch], num_scheduled_tokens=num_scheduled,
                                new_reqs=new_reqs, cached_reqs=cached, scheduled_spec_decode_tokens=drafts,
-                               finished_req_ids=finished, preempted_req_ids=preempted or [],
+                               finished_req_ids=finished, preempted_req_ids=preempted_ids or [],
                                decode_ahead=decode_ahead)
 
     def preempted(self, req_id: str) -> None:

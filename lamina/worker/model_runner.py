@@ -88,8 +88,9 @@ class ModelRunner:
         return self._last
 
     def _verify(self, logits: torch.Tensor, host: HostBatch) -> PendingStep:
-        """A step with drafts: requests without any sample as usual from their one row; the others' k + 1 rows go
-        through the rejection sampler (the target distribution exactly). A failure here fails the whole step."""
+        """A step with drafts: requests without drafts sample as usual from their one row (keyed as in any other
+        step); the others' k + 1 rows go through the rejection sampler (the target distribution exactly). A
+        failure here fails the whole step."""
         plain, plain_rows, spec, spec_rows, num_drafts = _split_by_drafts(host.sampling_req_ids,
                                                                           host.num_draft_tokens)
         params = [self.states.requests[r].sampling_params for r in spec]
@@ -100,7 +101,10 @@ class ModelRunner:
         if not plain:
             return PendingStep([], None, on_result=self.states.record, verified_req_ids=spec,
                                verified=verified.token_ids)
-        out = self._sample(_select_rows(logits, plain_rows, self.device), plain, None)
+        plain_params = [self.states.requests[r].sampling_params for r in plain]
+        positions = [p for p, k in zip(host.sample_positions, host.num_draft_tokens) if not k]
+        out = self._sample(_select_rows(logits, plain_rows, self.device), plain,
+                           self._philox_keys(plain_params, positions))
         return self._pending(plain, out, verified=(spec, verified.token_ids))
 
     def _pending(self, req_ids: list[str], out: SamplerOutput, failed: dict[str, str] | None = None,

@@ -20,7 +20,6 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
     return host.copy_(t, non_blocking=True)
 
 
-
 @dataclass
 class PendingStep:
     """A launched step: row i of `sampled` is the token of req_ids[i], still on the device; row i of `verified`

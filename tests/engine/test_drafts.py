@@ -1,0 +1,66 @@
+"""Drafts on the engine side: who may get them and how many, cutting them to the budget, dropping them before
+preempting anyone, and the counters of verified drafts."""
+from __future__ import annotations
+
+from lamina.config import SchedulerConfig
+from lamina.engine import drafts
+from lamina.engine.request import Request
+from lamina.engine.scheduler import Scheduler
+from lamina.kv.kv_manager import KVCacheManager
+from lamina.sampling_params import SamplingParams
+
+
+def decoding(n_prompt: int = 6, n_out: int = 2, **params) -> Request:
+    """A request that has produced n_out tokens and waits to compute its last one (num_tokens - 1 computed)."""
+    request = Request("r", list(range(1, n_prompt + 1)), SamplingParams(**params))
+    request.append_output_token_ids([7] * n_out)
+    request.num_computed_tokens = request.num_tokens - 1
+    return request
+
+
+def test_max_drafts_never_passes_max_tokens_or_max_model_len() -> None:
+    assert drafts.max_drafts(decoding(max_tokens=100), k=3, max_model_len=100) == 3
+    assert drafts.max_drafts(decoding(max_tokens=5), k=3, max_model_len=100) == 2  # 2 out + 2 drafts + 1 = 5
+    assert drafts.max_drafts(decoding(max_tokens=3), k=3, max_model_len=100) == 0
+    assert drafts.max_drafts(decoding(max_tokens=None), k=3, max_model_len=11) == 2  # 8 tokens + 2 + 1 = 11
+
+
+def test_no_drafts_mid_prompt_or_where_sampling_reads_its_output() -> None:
+    mid_prompt = decoding()
+    mid_prompt.num_computed_tokens = 3
+    assert drafts.max_drafts(mid_prompt, k=3, max_model_len=100) == 0
+    for params in ({"presence_penalty": 0.5}, {"repetition_penalty": 1.2}, {"min_tokens": 5}, {"logprobs": 1}):
+        assert drafts.max_drafts(decoding(**params), k=3, max_model_len=100) == 0, params
+    assert drafts.max_drafts(decoding(min_tokens=2), k=3, max_model_len=100) == 3  # min_tokens reached
+
+
+def test_fit_to_budget_keeps_the_drafts_the_step_reaches() -> None:
+    request = decoding()
+    request.spec_token_ids = [4, 5, 6]
+    drafts.fit_to_budget(request, num_new=3)  # the last token and 2 drafts
+    assert request.spec_token_ids == [4, 5]
+    drafts.fit_to_budget(request, num_new=1)
+    assert request.spec_token_ids == []
+
+
+def test_drafts_are_dropped_before_anyone_is_preempted() -> None:
+    kv = KVCacheManager(num_blocks=4, block_size=4, enable_prefix_caching=False)  # 3 usable blocks
+    scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4), kv, max_model_len=64)
+    request = Request("r", list(range(1, 12)), SamplingParams(max_tokens=20))  # 11 tokens: 3 blocks
+    scheduler.add_request(request)
+    out = scheduler.schedule()
+    request.append_output_token_ids([5])  # as update_from_output would; 12 tokens fill the 3 blocks
+    request.num_computed_tokens = 11
+    request.spec_token_ids = [1, 2, 3]  # would need a 4th block
+    out = scheduler.schedule()
+    assert out.num_scheduled_tokens == {"r": 1} and not out.preempted_req_ids and request.spec_token_ids == []
+    kv.check_integrity()
+
+
+def test_spec_decode_stats_count_positions() -> None:
+    stats = drafts.SpecDecodeStats()
+    stats.record(num_drafts=3, num_accepted=2)
+    stats.record(num_drafts=2, num_accepted=0)
+    assert (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens) == (2, 5, 2)
+    assert stats.accepted_per_pos == [1, 1, 0]
+    assert stats.acceptance_rate == 0.4 and stats.mean_accepted_length == 2.0
