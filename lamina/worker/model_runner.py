@@ -94,8 +94,9 @@ class ModelRunner:
         plain, plain_rows, spec, spec_rows, num_drafts = _split_by_drafts(host.sampling_req_ids,
                                                                           host.num_draft_tokens)
         params = [self.states.requests[r].sampling_params for r in spec]
+        positions = [p for p, k in zip(host.sample_positions, host.num_draft_tokens) if k]
         metadata = SamplingMetadata.build(params, self.vocab_size, self.device,
-                                          generators=self._generators_for(spec, params))
+                                          generators=self._verify_generators(params, positions))
         verified = self.rejection_sampler(_select_rows(logits, spec_rows, self.device), num_drafts,
                                           host_to_device(host.draft_token_ids, torch.int64, self.device), metadata)
         if not plain:
@@ -183,6 +184,14 @@ class ModelRunner:
         if not self.kernel_sampling or all(p.greedy for p in params):
             return None
         return philox_keys([p.seed for p in params], positions, self._step_keys.getrandbits(63))
+
+    def _verify_generators(self, params: list[SamplingParams], positions: list[int]) -> dict[int, torch.Generator]:
+        """A verify step's generator of each seeded request, keyed by its seed and the position of the first token
+        it samples (philox_keys): its draws do not depend on the batch or on earlier steps, only on how many
+        drafts it verifies (fewer when the step's token budget cuts them)."""
+        keys = philox_keys([p.seed for p in params], positions, step_key=0)
+        return {row: torch.Generator(self.device).manual_seed(key)
+                for row, (p, key) in enumerate(zip(params, keys)) if p.seed is not None}
 
     def _generators_for(self, req_ids: list[str], params: list[SamplingParams]) -> dict[int, torch.Generator]:
         """Row -> generator of the seeded rows. A request with a seed owns a generator for its whole life

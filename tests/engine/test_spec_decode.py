@@ -85,6 +85,19 @@ def test_a_seeded_request_follows_its_seed_not_the_engine_seed(model_dir: str) -
     assert run(model_dir, unseeded, True, seed=1) != run(model_dir, unseeded, True, seed=2)
 
 
+def test_a_seeded_request_gets_the_same_tokens_alone_and_in_a_batch(model_dir: str) -> None:
+    """Its verify steps draw from a generator keyed by its seed and token position (with a budget that never
+    cuts its drafts: a cut changes how many numbers a step draws)."""
+    seeded = SamplingParams(temperature=0.3, seed=11, max_tokens=30, ignore_eos=True)
+    llm = LLM(model=model_dir, block_size=4, num_kv_blocks=200, max_model_len=128, speculative_config=SPEC)
+    alone = llm.generate([PROMPTS[1]], seeded, use_tqdm=False)[0].outputs[0].token_ids
+    batch = [GREEDY, seeded, GREEDY, GREEDY, SamplingParams(temperature=1.0, max_tokens=20)]
+    mixed = llm.generate(PROMPTS[:5], batch, use_tqdm=False)[1]
+    assert llm.engine.get_stats().spec.num_accepted_tokens > 0
+    assert mixed.outputs[0].token_ids == alone
+    llm.engine.check_integrity()
+
+
 def test_bad_speculative_config_names_the_field(model_dir: str) -> None:
     for bad, field in [({"method": "eagle"}, "method"), ({"num_speculative_tokens": 0}, "num_speculative_tokens"),
                        ({"prompt_lookup_min": 3, "prompt_lookup_max": 2}, "prompt_lookup_max"),
