@@ -48,6 +48,19 @@ def fit_to_budget(request: Request, num_new: int) -> None:
         request.spec_token_ids = request.spec_token_ids[:max(0, reached)]
 
 
+def settle(request: Request, num_drafts: int, tokens: list[int] | None, stats: SpecDecodeStats) -> int:
+    """After a step that verified `num_drafts` drafts of `request` and returned `tokens` (the accepted drafts
+    and one more): count them, clear the drafts, and return how many were rejected (0 without drafts)."""
+    if not num_drafts:
+        return 0
+    num_accepted = len(tokens) - 1 if tokens else 0
+    stats.record(num_drafts, num_accepted)
+    request.metrics.num_draft_tokens += num_drafts
+    request.metrics.num_accepted_tokens += num_accepted
+    request.spec_token_ids = []
+    return num_drafts - num_accepted
+
+
 def drop(request: Request) -> int:
     """Remove the request's drafts (blocks are short); returns how many there were."""
     num, request.spec_token_ids = len(request.spec_token_ids), []

@@ -228,7 +228,9 @@ class Scheduler:
                 changed.append(request)
                 continue
             tokens = runner_output.sampled_token_ids.get(request.request_id)
-            request.num_computed_tokens += self._num_verified(request, scheduler_output, tokens)
+            num_drafts = len(scheduler_output.scheduled_spec_decode_tokens.get(request.request_id, ()))
+            rejected = drafts.settle(request, num_drafts, tokens, self.stats.spec)  # their KV is void
+            request.num_computed_tokens += scheduler_output.num_scheduled_tokens[request.request_id] - rejected
             if tokens:
                 self._append_tokens(request, tokens, runner_output, now)
                 changed.append(request)
@@ -238,19 +240,6 @@ class Scheduler:
                 self._free(request, request.status)
         self.stats.record_step(scheduler_output.total_num_scheduled_tokens)
         return changed
-
-    def _num_verified(self, request: Request, scheduled: SchedulerOutput, tokens: list[int] | None) -> int:
-        """The step's tokens whose KV stands: all scheduled ones but the rejected drafts (lamina/engine/drafts.py)."""
-        num = scheduled.num_scheduled_tokens[request.request_id]
-        num_drafts = len(scheduled.scheduled_spec_decode_tokens.get(request.request_id, ()))
-        if num_drafts:
-            num_accepted = len(tokens) - 1 if tokens else 0
-            self.stats.spec.record(num_drafts, num_accepted)
-            request.metrics.num_draft_tokens += num_drafts
-            request.metrics.num_accepted_tokens += num_accepted
-            request.spec_token_ids = []
-            num -= num_drafts - num_accepted
-        return num
 
     def _append_tokens(self, request: Request, tokens: list[int], runner_output: ModelRunnerOutput,
                        now: float) -> None:

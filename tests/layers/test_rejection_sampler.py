@@ -9,6 +9,7 @@ from lamina.layers.rejection_sampler import RejectionSampler, VerifyOutput
 from lamina.layers.sampler import Sampler
 from lamina.layers.sampling_metadata import SamplingMetadata, min_tokens_mask, penalty_tensors
 from lamina.sampling_params import SamplingParams
+from tests.layers.test_sampler import ref_dist as target  # the exact target distribution
 
 CPU = torch.device("cpu")
 LOGITS8 = [1.2, 0.3, 2.0, -0.5, 0.9, -1.5, 1.6, 0.0]
@@ -24,23 +25,6 @@ def verify(logits: torch.Tensor, k: list[int], drafts: list[int] | torch.Tensor,
     md = SamplingMetadata.build(params, logits.shape[1], CPU, generators=generators or {})
     drafts = torch.as_tensor(drafts, dtype=torch.int64)
     return RejectionSampler(torch.Generator().manual_seed(seed))(logits, k, drafts, md, draft_probs)
-
-
-def target(row: list[float], temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-           min_p: float = 0.0) -> torch.Tensor:
-    """float64, step by step: temperature, top-k, top-p (smallest prefix reaching p), min-p."""
-    probs = (torch.tensor(row, dtype=torch.float64) / temperature).softmax(0)
-    order = probs.argsort(descending=True).tolist()
-    if top_k > 0:
-        probs[order[top_k:]] = 0.0
-    probs /= probs.sum()
-    if top_p < 1.0:
-        cut = int((probs[order].cumsum(0) < top_p).sum()) + 1
-        probs[order[cut:]] = 0.0
-        probs /= probs.sum()
-    if min_p > 0.0:
-        probs[probs < min_p * probs.max()] = 0.0
-    return probs / probs.sum()
 
 
 def accepts(tokens: torch.Tensor, expected: torch.Tensor) -> bool:
