@@ -18,11 +18,10 @@ from lamina.spec.proposer import Proposer
 
 def max_drafts(request: Request, k: int, max_model_len: int) -> int:
     """How many drafts `request` may get: none while it is mid-prompt, or when its sampling reads its own
-    output (penalties, min_tokens) or it asks for logprobs (the verifier does not compute them); never so many
-    that the tokens could pass max_tokens or max_model_len."""
+    output (penalties, min_tokens); never so many that the tokens could pass max_tokens or max_model_len."""
     params = request.sampling_params
     if (request.num_computed_tokens != request.num_tokens - 1 or params.has_penalties
-            or request.num_output_tokens < params.min_tokens or params.logprobs is not None):
+            or request.num_output_tokens < params.min_tokens):
         return 0
     room = max_model_len - request.num_tokens - 1
     if params.max_tokens is not None:

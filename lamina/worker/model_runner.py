@@ -17,14 +17,14 @@ from lamina.attention.metadata import set_attention_metadata
 from lamina.failures import is_fatal
 from lamina.kernels import compile_counter
 from lamina.layers.rejection_sampler import RejectionSampler
-from lamina.layers.sampler import Sampler, SamplerOutput, SamplingMetadata, uses_sampling_kernel
+from lamina.layers.sampler import Sampler, SamplerOutput, SamplingMetadata, compute_logprobs, uses_sampling_kernel
 from lamina.layers.sampling_metadata import host_to_device, min_tokens_mask, philox_keys
 from lamina.sampling_params import SamplingParams
 from lamina.step import SchedulerOutput
 from lamina.worker.batch_state import BatchState
 from lamina.worker.cuda_graphs import CudaGraphRunner
 from lamina.worker.input_batch import HostBatch, plan_batch, to_device
-from lamina.worker.pending_step import PendingStep
+from lamina.worker.pending_step import PendingStep, Verified
 from lamina.worker.penalty_state import PenaltyState
 
 
@@ -97,26 +97,29 @@ class ModelRunner:
         positions = [p for p, k in zip(host.sample_positions, host.num_draft_tokens) if k]
         metadata = SamplingMetadata.build(params, self.vocab_size, self.device,
                                           generators=self._verify_generators(params, positions))
-        verified = self.rejection_sampler(_select_rows(logits, spec_rows, self.device), num_drafts,
-                                          host_to_device(host.draft_token_ids, torch.int64, self.device), metadata)
+        spec_logits = _select_rows(logits, spec_rows, self.device)
+        out = self.rejection_sampler(spec_logits, num_drafts,
+                                     host_to_device(host.draft_token_ids, torch.int64, self.device), metadata)
+        verified = Verified(spec, out.token_ids, [k + 1 for k in num_drafts], num_logprobs=[p.logprobs for p in params])
+        if any(n is not None for n in verified.num_logprobs):  # of the raw rows, for the token each row emitted
+            verified.logprobs = compute_logprobs(spec_logits, _row_tokens(out.token_ids, num_drafts, self.device),
+                                                 max(n for n in verified.num_logprobs if n is not None))
         if not plain:
-            return PendingStep([], None, on_result=self.states.record, verified_req_ids=spec,
-                               verified=verified.token_ids)
+            return PendingStep([], None, on_result=self.states.record, verified=verified)
         plain_params = [self.states.requests[r].sampling_params for r in plain]
         positions = [p for p, k in zip(host.sample_positions, host.num_draft_tokens) if not k]
-        out = self._sample(_select_rows(logits, plain_rows, self.device), plain,
-                           self._philox_keys(plain_params, positions))
-        return self._pending(plain, out, verified=(spec, verified.token_ids))
+        sampled = self._sample(_select_rows(logits, plain_rows, self.device), plain,
+                               self._philox_keys(plain_params, positions))
+        return self._pending(plain, sampled, verified=verified)
 
     def _pending(self, req_ids: list[str], out: SamplerOutput, failed: dict[str, str] | None = None,
-                 verified: tuple[list[str], torch.Tensor] | None = None) -> PendingStep:
+                 verified: Verified | None = None) -> PendingStep:
         """Count the samples for penalties (on the device) and wrap the step (with its verified drafts, if any)."""
         self.states.penalties.update(req_ids, out.sampled_token_ids)
         held = self.states.requests
         num_logprobs = [] if out.logprobs is None else [held[r].sampling_params.logprobs for r in req_ids]
-        verified_ids, verified_tokens = verified if verified is not None else ([], None)
         return PendingStep(req_ids, out.sampled_token_ids, out.logprobs, num_logprobs, failed or {},
-                           on_result=self.states.record, verified_req_ids=verified_ids, verified=verified_tokens)
+                           on_result=self.states.record, verified=verified)
 
     def _sample(self, logits: torch.Tensor, req_ids: list[str], keys: list[int] | None) -> SamplerOutput:
         held = self.states.requests
@@ -224,3 +227,12 @@ def _split_by_drafts(req_ids: list[str], num_drafts: list[int]
             plain_rows.append(row)
         row += k + 1
     return plain, plain_rows, spec, spec_rows, spec_k
+
+
+def _row_tokens(token_ids: torch.Tensor, num_drafts: list[int], device: torch.device) -> torch.Tensor:
+    """[sum(k_i + 1)]: the token logits row j of request i emitted (token_ids[i, j]; 0 where it emitted none)."""
+    requests = [i for i, k in enumerate(num_drafts) for _ in range(k + 1)]
+    positions = [j for k in num_drafts for j in range(k + 1)]
+    index = host_to_device(requests, torch.int64, device), host_to_device(positions, torch.int64, device)
+    return token_ids[index].clamp(min=0)
+

@@ -21,10 +21,48 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
+class Verified:
+    """The requests of a step whose drafts were verified: row i of `token_ids` is req_ids[i]'s accepted drafts,
+    then a correction or bonus token, -1 pads (lamina.layers.rejection_sampler). `logprobs` (when a request
+    asked) has one row per logits row, num_rows[i] = k_i + 1 of them per request, row j for its j-th token."""
+
+    req_ids: list[str]
+    token_ids: torch.Tensor  # [N, K + 1] int64
+    num_rows: list[int]
+    logprobs: LogprobsTensors | None = None
+    num_logprobs: list[int | None] = field(default_factory=list)  # per request
+
+    def to_host(self) -> Verified:
+        return dataclasses.replace(self, token_ids=_to_host(self.token_ids), logprobs=_logprobs_to_host(self.logprobs))
+
+    def read(self, sampled: dict[str, list[int]], logprobs: dict[str, list]) -> None:
+        """Add each request's tokens (and the logprobs of each) to the answer's dicts (host tensors)."""
+        matrix = self.token_ids.tolist()
+        tokens = [[t for t in row if t >= 0] for row in matrix]
+        sampled.update(zip(self.req_ids, tokens))
+        if self.logprobs is None:
+            return
+        row_tokens = [max(row[j], 0) for row, n in zip(matrix, self.num_rows) for j in range(n)]
+        per_row = [k for k, n in zip(self.num_logprobs, self.num_rows) for _ in range(n)]
+        dicts = to_logprob_dicts(self.logprobs, row_tokens, per_row)
+        start = 0
+        for req_id, emitted, n, asked in zip(self.req_ids, tokens, self.num_rows, self.num_logprobs):
+            if asked is not None:
+                logprobs[req_id] = dicts[start:start + len(emitted)]
+            start += n
+
+
+def _logprobs_to_host(logprobs: LogprobsTensors | None) -> LogprobsTensors | None:
+    if logprobs is None:
+        return None
+    fields = dataclasses.fields(logprobs)  # (astuple would deep-copy the tensors)
+    return LogprobsTensors(*(_to_host(getattr(logprobs, f.name)) for f in fields))
+
+
+@dataclass
 class PendingStep:
-    """A launched step: row i of `sampled` is the token of req_ids[i], still on the device; row i of `verified`
-    the tokens of verified_req_ids[i] (accepted drafts, then a correction or bonus token; -1 pads), requests
-    whose drafts were verified (lamina.layers.rejection_sampler); `failed`: the requests whose sampling raised
+    """A launched step: row i of `sampled` is the token of req_ids[i], still on the device; `verified`: the
+    requests whose drafts were verified, with their tokens; `failed`: the requests whose sampling raised
     (request_id -> error), in no row. `num_logprobs[i]`: how many logprobs req_ids[i] asked for (None: none).
     `on_result` gets the answer once it is read.
 
@@ -39,19 +77,16 @@ class PendingStep:
     failed: dict[str, str] = field(default_factory=dict)
     on_result: Callable[[ModelRunnerOutput], None] | None = None
     num_compiles: int = 0  # Triton compiles while it was launched
-    verified_req_ids: list[str] = field(default_factory=list)
-    verified: torch.Tensor | None = None  # [N, K + 1] int64 on the device
+    verified: Verified | None = None
 
     def __post_init__(self) -> None:
         self._host_sampled = None if self.sampled is None else _to_host(self.sampled)
-        self._host_verified = None if self.verified is None else _to_host(self.verified)
-        self._host_logprobs = None
-        if self.logprobs is not None:
-            fields = dataclasses.fields(self.logprobs)  # (astuple would deep-copy the tensors)
-            self._host_logprobs = LogprobsTensors(*(_to_host(getattr(self.logprobs, f.name)) for f in fields))
+        self._host_verified = None if self.verified is None else self.verified.to_host()
+        self._host_logprobs = _logprobs_to_host(self.logprobs)
         self._rows: dict[str, int] | None = None
         self._done = None
-        if any(t is not None and t.is_cuda for t in (self.sampled, self.verified)):
+        verified_tokens = None if self.verified is None else self.verified.token_ids
+        if any(t is not None and t.is_cuda for t in (self.sampled, verified_tokens)):
             self._done = torch.cuda.Event()
             self._done.record()
 
@@ -74,12 +109,11 @@ class PendingStep:
             self._done.synchronize()
         token_ids = [] if self._host_sampled is None else self._host_sampled.tolist()
         sampled = {r: [t] for r, t in zip(self.req_ids, token_ids)}
-        if self._host_verified is not None:
-            for req_id, row in zip(self.verified_req_ids, self._host_verified.tolist()):
-                sampled[req_id] = [t for t in row if t >= 0]
         logprobs = {}
         if self._host_logprobs is not None:
             rows = to_logprob_dicts(self._host_logprobs, token_ids, self.num_logprobs)
             logprobs = {r: [row] for r, row in zip(self.req_ids, rows) if row is not None}
+        if self._host_verified is not None:
+            self._host_verified.read(sampled, logprobs)
         return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, failed=self.failed,
                                  num_compiles=self.num_compiles)

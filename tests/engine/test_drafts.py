@@ -29,9 +29,10 @@ def test_no_drafts_mid_prompt_or_where_sampling_reads_its_output() -> None:
     mid_prompt = decoding()
     mid_prompt.num_computed_tokens = 3
     assert drafts.max_drafts(mid_prompt, k=3, max_model_len=100) == 0
-    for params in ({"presence_penalty": 0.5}, {"repetition_penalty": 1.2}, {"min_tokens": 5}, {"logprobs": 1}):
+    for params in ({"presence_penalty": 0.5}, {"repetition_penalty": 1.2}, {"min_tokens": 5}):
         assert drafts.max_drafts(decoding(**params), k=3, max_model_len=100) == 0, params
     assert drafts.max_drafts(decoding(min_tokens=2), k=3, max_model_len=100) == 3  # min_tokens reached
+    assert drafts.max_drafts(decoding(logprobs=2), k=3, max_model_len=100) == 3  # verified rows give logprobs
 
 
 def test_fit_to_budget_keeps_the_drafts_the_step_reaches() -> None:

@@ -70,10 +70,24 @@ def test_stops_and_max_tokens_inside_an_accepted_run(model_dir: str) -> None:
 
 
 def test_n_samples_and_logprobs(model_dir: str) -> None:
-    """n > 1 greedy samples are identical; a request asking for logprobs gets no drafts and the same output."""
+    """n > 1 greedy samples are identical; requests asking for logprobs speculate too and get the logprobs of
+    every token from its verify row: the same as without drafts."""
     params = [SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, n=2),
               SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, logprobs=2)] * 3
     assert run(model_dir, params, True) == run(model_dir, params, False)
+    kwargs = {"block_size": 4, "num_kv_blocks": 200, "max_model_len": 128}
+    wanted = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, logprobs=2)
+    plain = LLM(model=model_dir, **kwargs).generate(PROMPTS, wanted, use_tqdm=False)
+    spec = LLM(model=model_dir, speculative_config=SPEC, **kwargs).generate(PROMPTS, wanted, use_tqdm=False)
+    assert sum(o.metrics.num_accepted_tokens for o in spec) > 0
+    for a, b in zip(plain, spec):
+        first, second = a.outputs[0], b.outputs[0]
+        assert first.token_ids == second.token_ids and len(second.logprobs) == len(second.token_ids)
+        assert first.cumulative_logprob == pytest.approx(second.cumulative_logprob, abs=1e-4)
+        for x, y in zip(first.logprobs, second.logprobs):
+            assert x.keys() == y.keys()
+            for token in x:
+                assert x[token].rank == y[token].rank and x[token].logprob == pytest.approx(y[token].logprob, abs=1e-4)
 
 
 def test_a_seeded_request_follows_its_seed_not_the_engine_seed(model_dir: str) -> None:
