@@ -74,6 +74,8 @@ class SpecDecodeStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)  # [j]: drafts accepted at position j
+    draft_seconds: float = 0.0  # host time spent proposing drafts
+    verify_seconds: float = 0.0  # wall time of the engine steps that verified drafts
 
     def record(self, num_drafts: int, num_accepted: int) -> None:
         self.num_drafts += 1

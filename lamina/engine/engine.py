@@ -171,14 +171,22 @@ class LLMEngine:
         changed += self._fail_siblings(changed)
         outputs = self.output_processor.process(changed, self._stop_string_found)
         if self.proposer is not None:
-            spec = self.config.speculative_config
-            propose_drafts(self.proposer, self.scheduler.running, spec.num_speculative_tokens, self.max_model_len)
+            self._propose(scheduled, time.perf_counter() - start)
         if self._inflight is not None and all(r.is_finished for r in self._inflight.requests):
             self._inflight = None  # nothing left in it to wait for (its device work is stream-ordered)
         if self.step_log is not None:
             self.step_log.append(_step_stats(scheduled, launched_ahead, time.perf_counter() - start, waited,
                                              result.num_compiles))
         return outputs
+
+    def _propose(self, scheduled: SchedulerOutput, step_seconds: float) -> None:
+        """Drafts for the next step; the time of this step (when it verified drafts) and of drafting counted."""
+        spec, stats = self.config.speculative_config, self.scheduler.stats.spec
+        if scheduled.scheduled_spec_decode_tokens:
+            stats.verify_seconds += step_seconds
+        start = time.perf_counter()
+        propose_drafts(self.proposer, self.scheduler.running, spec.num_speculative_tokens, self.max_model_len)
+        stats.draft_seconds += time.perf_counter() - start
 
     def _step_failed(self, err: Exception) -> list[RequestOutput]:
         """End the requests of the failed step (and of the step launched ahead) with the error; raise

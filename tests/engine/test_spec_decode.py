@@ -32,6 +32,7 @@ def run(model_dir: str, params: list[SamplingParams] | SamplingParams, spec: boo
     assert stats.num_preemptions >= min_preemptions
     if spec:
         assert stats.spec.num_accepted_tokens > 0 and stats.spec.num_draft_tokens > stats.spec.num_accepted_tokens
+        assert stats.spec.draft_seconds > 0 and stats.spec.verify_seconds > 0
         # per request (n > 1: the metrics of sample 0 only), never more than the engine's counts
         assert 0 < sum(o.metrics.num_accepted_tokens for o in outputs) <= stats.spec.num_accepted_tokens
     return [[(c.token_ids, c.text, c.finish_reason, c.stop_reason) for c in o.outputs] for o in outputs]
