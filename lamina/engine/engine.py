@@ -40,7 +40,7 @@ from lamina.loader.hf_config import load_generation_config, load_model_arch
 from lamina.loader.tokenizer import Tokenizer
 from lamina.outputs import RequestOutput
 from lamina.sampling_params import SamplingParams
-from lamina.spec.ngram import NgramProposer
+from lamina.spec.proposer import make_proposer
 from lamina.step import SchedulerOutput
 
 logger = logging.getLogger(__name__)
@@ -84,8 +84,7 @@ class LLMEngine:
         self.input_processor = InputProcessor(self.tokenizer, limits, self._eos_token_ids())
         self.output_processor = OutputProcessor(self.tokenizer)
         spec = config.speculative_config
-        self.proposer = None if spec is None else NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_min,
-                                                                spec.prompt_lookup_max)
+        self.proposer = None if spec is None else make_proposer(spec)
         if spec is not None and config.async_scheduling:
             logger.info("speculative decoding (%s, k=%d): no step is launched ahead while drafting (drafts need "
                         "each step's tokens)", spec.method, spec.num_speculative_tokens)

@@ -9,7 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Proposer"]
+from lamina.config import SpeculativeConfig
+from lamina.spec.ngram import NgramProposer
+
+__all__ = ["Proposer", "make_proposer"]
 
 
 @runtime_checkable
@@ -29,3 +32,8 @@ class Proposer(Protocol):
 
     def propose(self, token_ids: list[Sequence[int]], max_drafts: list[int]) -> list[list[int]]:
         ...
+
+
+def make_proposer(config: SpeculativeConfig) -> Proposer:
+    """The proposer of `config.method` (SpeculativeConfig validates the name; one file per method here)."""
+    return NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
