@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from lamina.config import EngineConfig
 from lamina.device import resolve_device, resolve_dtype
 from lamina.engine.defaults import fit_to_kv_capacity, log_scheduler_config, resolve_scheduler_config
-from lamina.engine.drafts import propose_drafts
+from lamina.engine.drafts import TokenArrays, propose_drafts
 from lamina.engine.input_processor import InputLimits, InputProcessor, PromptType
 from lamina.engine.output_processor import OutputProcessor
 from lamina.engine.request import Request, RequestStatus
@@ -85,6 +85,7 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         spec = config.speculative_config
         self.proposer = None if spec is None else make_proposer(spec)
+        self._draft_arrays = TokenArrays()  # the drafting requests' tokens as numpy arrays, for the proposer
         if spec is not None and config.async_scheduling:
             logger.info("speculative decoding (%s, k=%d): no step is launched ahead while drafting (drafts need "
                         "each step's tokens)", spec.method, spec.num_speculative_tokens)
@@ -184,7 +185,8 @@ class LLMEngine:
         if scheduled.scheduled_spec_decode_tokens:
             stats.verify_seconds += step_seconds
         start = time.perf_counter()
-        propose_drafts(self.proposer, self.scheduler.running, spec.num_speculative_tokens, self.max_model_len)
+        propose_drafts(self.proposer, self.scheduler.running, spec.num_speculative_tokens, self.max_model_len,
+                       self._draft_arrays)
         stats.draft_seconds += time.perf_counter() - start
 
     def _step_failed(self, err: Exception) -> list[RequestOutput]:

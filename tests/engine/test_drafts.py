@@ -65,3 +65,15 @@ def test_spec_decode_stats_count_positions() -> None:
     assert (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens) == (2, 5, 2)
     assert stats.accepted_per_pos == [1, 1, 0]
     assert stats.acceptance_rate == 0.4 and stats.mean_accepted_length == 2.0
+
+
+def test_token_arrays_follow_the_requests_tokens() -> None:
+    arrays = drafts.TokenArrays()
+    request = decoding(n_prompt=3, n_out=1)
+    assert arrays.of(request).tolist() == [1, 2, 3, 7]
+    request.append_output_token_ids(list(range(100)))  # past the first buffer: it grows
+    assert arrays.of(request).tolist() == request.all_token_ids
+    request.truncate_output(2)  # a stop string cut the outputs: rebuilt
+    assert arrays.of(request).tolist() == request.all_token_ids == [1, 2, 3, 7, 0]
+    arrays.keep_only(set())
+    assert arrays._arrays == {}
