@@ -89,28 +89,46 @@ class ModelRunner:
 
     def _verify(self, logits: torch.Tensor, host: HostBatch) -> PendingStep:
         """A step with drafts: requests without drafts sample as usual from their one row (keyed as in any other
-        step); the others' k + 1 rows go through the rejection sampler (the target distribution exactly). A
-        failure here fails the whole step."""
+        step, isolated as in any other step when a row raises); the others' k + 1 rows go through the rejection
+        sampler (the target distribution exactly)."""
         plain, plain_rows, spec, spec_rows, num_drafts = _split_by_drafts(host.sampling_req_ids,
                                                                           host.num_draft_tokens)
-        params = [self.states.requests[r].sampling_params for r in spec]
         positions = [p for p, k in zip(host.sample_positions, host.num_draft_tokens) if k]
-        metadata = SamplingMetadata.build(params, self.vocab_size, self.device,
-                                          generators=self._verify_generators(params, positions))
-        spec_logits = _select_rows(logits, spec_rows, self.device)
-        out = self.rejection_sampler(spec_logits, num_drafts,
-                                     host_to_device(host.draft_token_ids, torch.int64, self.device), metadata)
-        verified = Verified(spec, out.token_ids, [k + 1 for k in num_drafts], num_logprobs=[p.logprobs for p in params])
-        if any(n is not None for n in verified.num_logprobs):  # of the raw rows, for the token each row emitted
-            verified.logprobs = compute_logprobs(spec_logits, _row_tokens(out.token_ids, num_drafts, self.device),
-                                                 max(n for n in verified.num_logprobs if n is not None))
+        verified, failed = self._verify_drafts(_select_rows(logits, spec_rows, self.device), spec, num_drafts,
+                                               host.draft_token_ids, positions)
         if not plain:
-            return PendingStep([], None, on_result=self.states.record, verified=verified)
-        plain_params = [self.states.requests[r].sampling_params for r in plain]
+            return PendingStep([], None, failed=failed, on_result=self.states.record, verified=verified)
+        params = [self.states.requests[r].sampling_params for r in plain]
         positions = [p for p, k in zip(host.sample_positions, host.num_draft_tokens) if not k]
-        sampled = self._sample(_select_rows(logits, plain_rows, self.device), plain,
-                               self._philox_keys(plain_params, positions))
-        return self._pending(plain, sampled, verified=verified)
+        plain_logits, keys = _select_rows(logits, plain_rows, self.device), self._philox_keys(params, positions)
+        try:
+            sampled = self._sample(plain_logits, plain, keys)
+        except Exception as err:  # noqa: BLE001 - one row's failure must not fail the batch
+            if is_fatal(err):
+                raise
+            return self._sample_isolating(plain_logits, plain, keys, err, failed, verified)
+        return self._pending(plain, sampled, failed, verified)
+
+    def _verify_drafts(self, logits: torch.Tensor, spec: list[str], num_drafts: list[int], draft_ids: list[int],
+                       positions: list[int]) -> tuple[Verified | None, dict[str, str]]:
+        """The drafting requests' tokens (and logprobs of each, from the raw rows); if the verifier raises, those
+        requests fail and the rest of the step goes on."""
+        params = [self.states.requests[r].sampling_params for r in spec]
+        try:
+            metadata = SamplingMetadata.build(params, self.vocab_size, self.device,
+                                              generators=self._verify_generators(params, positions))
+            out = self.rejection_sampler(logits, num_drafts, host_to_device(draft_ids, torch.int64, self.device),
+                                         metadata)
+            verified = Verified(spec, out.token_ids, [k + 1 for k in num_drafts],
+                                num_logprobs=[p.logprobs for p in params])
+            if any(n is not None for n in verified.num_logprobs):  # for the token each row emitted
+                verified.logprobs = compute_logprobs(logits, _row_tokens(out.token_ids, num_drafts, self.device),
+                                                     max(n for n in verified.num_logprobs if n is not None))
+        except Exception as err:  # noqa: BLE001 - the drafting requests end with the error, the others go on
+            if is_fatal(err):
+                raise
+            return None, {r: f"verifying drafts failed: {err!r}" for r in spec}
+        return verified, {}
 
     def _pending(self, req_ids: list[str], out: SamplerOutput, failed: dict[str, str] | None = None,
                  verified: Verified | None = None) -> PendingStep:
@@ -136,11 +154,13 @@ class ModelRunner:
         return self.sampler(logits, metadata)
 
     def _sample_isolating(self, logits: torch.Tensor, req_ids: list[str], keys: list[int] | None,
-                          err: Exception) -> PendingStep:
-        """The batch's sampling raised: the rows that raise alone fail (PendingStep.failed), the others are
-        sampled together again. If no row raises alone the batch is at fault: `err` is raised again.
-        (Only on this path, a seeded row's CPU generator may advance more than once for one token.)"""
-        failed: dict[str, str] = {}
+                          err: Exception, failed: dict[str, str] | None = None,
+                          verified: Verified | None = None) -> PendingStep:
+        """The batch's sampling raised: the rows that raise alone fail (PendingStep.failed, with `failed`
+        already), the others are sampled together again. If no row raises alone the batch is at fault: `err` is
+        raised again. (Only on this path, a seeded row's CPU generator may advance more than once for one
+        token.) `verified`: the step's verified drafts, which go along."""
+        failed, earlier = {}, failed or {}
         for row, req_id in enumerate(req_ids):
             try:
                 self._sample(logits[row:row + 1], [req_id], None if keys is None else keys[row:row + 1])
@@ -152,11 +172,12 @@ class ModelRunner:
             raise err
         rows = [i for i, r in enumerate(req_ids) if r not in failed]
         if not rows:
-            return PendingStep([], None, failed=failed)
+            return PendingStep([], None, failed={**earlier, **failed}, on_result=self.states.record,
+                               verified=verified)
         kept = [req_ids[i] for i in rows]
         out = self._sample(_select_rows(logits, rows, self.device), kept,
                            None if keys is None else [keys[i] for i in rows])
-        self._last = self._pending(kept, out, failed)
+        self._last = self._pending(kept, out, {**earlier, **failed}, verified)
         return self._last
 
     def _ahead_input_ids(self, req_ids: list[str], previous: PendingStep | None) -> torch.Tensor:
