@@ -9,16 +9,12 @@ it prints a table (tok/s off and on, speed-up, acceptance rate, mean tokens per 
 """
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
-import platform
 import sys
 import time
 
-import torch
 
-from lamina import DEMO_MODEL, LLM, SamplingParams
+from lamina import LLM, SamplingParams
+from lamina.bench.cpu_report import cpu_bench_parser, run_info, write_report
 
 PROMPT_SETS = {
     "code": ["def fibonacci(n):\n", "class Stack:\n    def __init__(self):\n", "def binary_search(xs, target):\n",
@@ -81,27 +77,19 @@ def run(model_dir: str, new_tokens: int, k: int, disable_progress: bool = False)
     for llm in engines.values():
         llm.engine.check_integrity()
     return {"workload": "speculative decoding, batch 1, CPU", "model": model_dir, "new_tokens": new_tokens,
-            "speculative_config": spec, "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "hardware": platform.processor() or platform.machine(), "date": datetime.date.today().isoformat(),
-            "command": " ".join(sys.argv), "rows": rows}
+            "speculative_config": spec, **run_info(), "rows": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=DEMO_MODEL)
-    parser.add_argument("--new-tokens", type=int, default=128)
+    parser = cpu_bench_parser(__doc__)
     parser.add_argument("--k", type=int, default=3, help="num_speculative_tokens")
-    parser.add_argument("--result-file", help="write the JSON result here")
-    parser.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     report = run(args.model, args.new_tokens, args.k, args.disable_tqdm)
     print("prompts  T    off tok/s  ngram tok/s  speed-up  acceptance  tokens/verify")
     for r in report["rows"]:
         print(f"{r['prompts']:7s} {r['temperature']:.1f} {r['off_tok_s']:10.1f} {r['ngram_tok_s']:12.1f} "
               f"{r['speedup']:8.2f}x {r['acceptance_rate']:11.2f} {r['tokens_per_verify_step']:14.2f}")
-    if args.result_file:
-        with open(args.result_file, "w") as f:
-            json.dump(report, f, indent=1)
+    write_report(args.result_file, report)
     return 0
 
 

@@ -9,16 +9,13 @@ it prints a table and writes JSON.
 """
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
-import platform
 import sys
 import time
 
 import torch
 
-from lamina import DEMO_MODEL, LLM, SamplingParams
+from lamina import LLM, SamplingParams
+from lamina.bench.cpu_report import cpu_bench_parser, run_info, write_report
 
 PROMPTS = [
     "def fibonacci(n):", "import os\n", "class Stack:\n    def __init__(self):", "def quicksort(xs):",
@@ -123,27 +120,19 @@ def run(model_dir: str, new_tokens: int, repeats: int, disable_progress: bool = 
                      "hf_tok_s": tokens / hf_s, "speedup": hf_s / lamina_s})
     progress.close()
     llm.engine.check_integrity()
-    return {"workload": "W6", "model": model_dir, "new_tokens": new_tokens, "repeats": repeats,
-            "threads": torch.get_num_threads(), "torch": torch.__version__, "hardware": platform.processor()
-            or platform.machine(), "date": datetime.date.today().isoformat(),
-            "command": " ".join(sys.argv), "peer": "HF transformers generate (dynamic cache, fp32)", "rows": rows}
+    return {"workload": "W6", "model": model_dir, "new_tokens": new_tokens, "repeats": repeats, **run_info(),
+            "peer": "HF transformers generate (dynamic cache, fp32)", "rows": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=DEMO_MODEL)
-    parser.add_argument("--new-tokens", type=int, default=128)
+    parser = cpu_bench_parser(__doc__)
     parser.add_argument("--repeats", type=int, default=3, help="best of N runs per side")
-    parser.add_argument("--result-file", help="write the JSON result here")
-    parser.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     result = run(args.model, args.new_tokens, args.repeats, args.disable_tqdm)
     print(f"{'batch':>5} {'lamina tok/s':>13} {'HF tok/s':>9} {'speedup':>8}")
     for row in result["rows"]:
         print(f"{row['batch']:>5} {row['lamina_tok_s']:>13.1f} {row['hf_tok_s']:>9.1f} {row['speedup']:>7.2f}x")
-    if args.result_file:
-        with open(args.result_file, "w") as f:
-            json.dump(result, f, indent=2)
+    write_report(args.result_file, result)
     return 0
 
 

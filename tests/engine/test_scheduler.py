@@ -320,15 +320,21 @@ def test_finished_ids_reach_the_worker_in_the_next_message():
     assert s.schedule().finished_req_ids == ["short"]
 
 
-def test_a_forked_sample_gets_blocks_for_the_rest_of_its_prompt():
-    """n > 1 with the prefix cache off: sample 1 shares sample 0's full prompt blocks and needs its own for
-    the rest (a regression: it was scheduled past the end of its block table)."""
-    s = make_scheduler(caching=False)
-    parent = make_request("p", 15, max_tokens=4)
+def add_two_samples(s: Scheduler, n_prompt: int, max_tokens: int) -> tuple[Request, Request]:
+    """Samples 0 and 1 of one n = 2 request ("p", "p_1"), as the input processor makes them."""
+    parent = make_request("p", n_prompt, max_tokens=max_tokens)
     child = Request("p_1", list(parent.prompt_token_ids), parent.sampling_params, parent=parent, sample_index=1,
                     eos_token_ids=frozenset({0}))
     s.add_request(parent)
     s.add_request(child)
+    return parent, child
+
+
+def test_a_forked_sample_gets_blocks_for_the_rest_of_its_prompt():
+    """n > 1 with the prefix cache off: sample 1 shares sample 0's full prompt blocks and needs its own for
+    the rest (a regression: it was scheduled past the end of its block table)."""
+    s = make_scheduler(caching=False)
+    _, child = add_two_samples(s, n_prompt=15, max_tokens=4)
     step(s)  # the parent's prompt; the child waits for it
     out = step(s)  # the child: 12 tokens shared (3 blocks), 3 to compute in a 4th block
     assert out.num_scheduled_tokens["p_1"] == 3 and child.metrics.num_cached_tokens == 12
@@ -339,11 +345,7 @@ def test_a_forked_sample_gets_blocks_for_the_rest_of_its_prompt():
 def test_a_sample_resumed_after_preemption_shares_only_the_prompt():
     """Its outputs differ from sample 0's: forking past the prompt raised (a regression)."""
     s = make_scheduler(caching=False)
-    parent = make_request("p", 6, max_tokens=30)
-    child = Request("p_1", list(parent.prompt_token_ids), parent.sampling_params, parent=parent, sample_index=1,
-                    eos_token_ids=frozenset({0}))
-    s.add_request(parent)
-    s.add_request(child)
+    _, child = add_two_samples(s, n_prompt=6, max_tokens=30)
     for _ in range(4):
         step(s)
     s.running.remove(child)
