@@ -101,7 +101,8 @@ class SchedulerConfig:
                      name, f"must be a positive integer or None (the device's default), got {value!r}")
 
 
-SPEC_METHODS = ("ngram",)  # built so far; issue #12 adds draft_model, eagle, medusa, early_exit
+SPEC_METHODS = ("ngram", "draft_model", "medusa", "early_exit")  # issue #12 adds eagle
+MODEL_SPEC_METHODS = ("draft_model", "medusa")  # the methods that read weights from `model`
 MAX_SPEC_TOKENS = 7  # a verify step computes 1 + k tokens a request; the paged decode kernel takes up to 8
 
 
@@ -109,12 +110,17 @@ MAX_SPEC_TOKENS = 7  # a verify step computes 1 + k tokens a request; the paged 
 class SpeculativeConfig:
     """Speculative decoding (vLLM's `speculative_config`): drafts of `num_speculative_tokens` tokens verified in
     one forward. "ngram" drafts by prompt lookup: the tokens that followed the latest earlier occurrence of the
-    sequence's last n tokens, n from prompt_lookup_max down to prompt_lookup_min."""
+    sequence's last n tokens, n from prompt_lookup_max down to prompt_lookup_min. "draft_model": a smaller
+    checkpoint with the target's tokenizer (`model`) drafts greedily. "medusa": residual heads on the target's
+    last hidden state (`model`: a directory written by `lamina distill --method medusa`). "early_exit": the
+    target's first `exit_layer` layers, its final norm and LM head draft (no extra weights)."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 3
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
+    model: str | None = None  # draft_model / medusa: the checkpoint directory
+    exit_layer: int | None = None  # early_exit: layers that draft (None: a third of the target's, at least 1)
 
     def __post_init__(self) -> None:
         _require(self.method in SPEC_METHODS, "method",
@@ -126,6 +132,14 @@ class SpeculativeConfig:
         _require(_is_int(lo) and lo >= 1, "prompt_lookup_min", f"must be an integer >= 1, got {lo!r}")
         _require(_is_int(hi) and hi >= lo, "prompt_lookup_max",
                  f"must be an integer >= prompt_lookup_min ({lo}), got {hi!r}")
+        needs_model = self.method in MODEL_SPEC_METHODS
+        _require((self.model is not None) == needs_model, "model",
+                 f"a checkpoint directory is needed by {MODEL_SPEC_METHODS} and by no other method "
+                 f"(method {self.method!r}), got {self.model!r}")
+        _require(self.model is None or isinstance(self.model, str), "model", f"must be a path, got {self.model!r}")
+        exit_layer = self.exit_layer
+        _require(exit_layer is None or (self.method == "early_exit" and _is_int(exit_layer) and exit_layer >= 1),
+                 "exit_layer", f"must be None, or an integer >= 1 with method 'early_exit', got {exit_layer!r}")
 
     @classmethod
     def from_user(cls, value: object) -> SpeculativeConfig | None:

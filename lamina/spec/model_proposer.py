@@ -1,0 +1,68 @@
+"""ModelProposer: the worker-side interface of the proposers that run a network (draft model, Medusa, early exit).
+
+The n-gram proposer (lamina/spec/proposer.py) runs in the engine on token ids alone. A proposer with weights
+runs in the worker, on the device, right after a step's tokens are known: the worker hands it each drafting
+request's verified tokens and block table, and the target's last hidden state of each, and sends the drafts
+back in the step's answer (ModelRunnerOutput.draft_token_ids). The engine trims them to its own limits.
+
+One request, after step t (N = len(token_ids); the target has KV for positions [0, N - 1)):
+
+    token ids:   | prompt ... | outputs ... | newest |            newest: sampled by step t, no KV yet
+    position:    0                           N - 1
+    block_ids:   cover positions [0, N - 1 + num_drafts)  (the scheduler reserved the lookahead slots)
+    hidden:      the target's final hidden state (after its last norm, the LM head's input) at the position
+                 whose logits sampled `newest`, i.e. at position N - 2
+    drafts:      guesses of the tokens at positions N, N + 1, ..., N - 1 + num_drafts
+
+A proposer may write KV at positions [0, N - 1 + num_drafts) of its own cache (draft model: its own tensors,
+indexed by the same block ids; early exit: the target's first layers, whose slots at N - 1 and after the
+verifier writes again). Drafts never decide the output (the rejection sampler does), so a proposer's only
+duty to correctness is to write no KV outside these blocks.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+__all__ = ["DraftRequest", "ModelProposer"]
+
+
+@dataclass(slots=True)
+class DraftRequest:
+    """One request to draft for, in the layout of the module docstring."""
+
+    req_id: str
+    token_ids: Sequence[int]  # prompt + verified outputs; the last is the newest token
+    block_ids: list[int]  # the target's block table, covering positions [0, len(token_ids) - 1 + num_drafts)
+    num_drafts: int  # >= 1: how many drafts to return at most
+
+
+@runtime_checkable
+class ModelProposer(Protocol):
+    """Drafts from a network on the worker's device.
+
+    - `propose(requests, hidden)` returns one list per request, in order, of at most `num_drafts` token ids
+      (fewer, even none, is allowed). `hidden` [len(requests), hidden_size] holds the target's last hidden
+      state of each request (module docstring), on the device, in the target's dtype.
+    - `forget(req_ids)`: these requests finished or were preempted; drop what is kept for them (a preempted
+      request comes back with its blocks recomputed, possibly other block ids).
+    - `kv_bytes_per_block(block_size)`: device bytes the proposer's own KV needs per KV block id (0 when it
+      keeps none); the worker sizes the block pool with target + proposer bytes per block, so one block
+      id always has room in both.
+    - `bind_cache(num_blocks, block_size)`: allocate that KV (called once, before the first `propose`).
+    """
+
+    def propose(self, requests: list[DraftRequest], hidden: torch.Tensor) -> list[list[int]]:
+        ...
+
+    def forget(self, req_ids: Iterable[str]) -> None:
+        ...
+
+    def kv_bytes_per_block(self, block_size: int) -> int:
+        ...
+
+    def bind_cache(self, num_blocks: int, block_size: int) -> None:
+        ...
