@@ -1,27 +1,31 @@
-"""CUDA graphs for decode-only steps: one graph per batch-size bucket, replayed on static buffers.
+"""CUDA graphs for decode and verify steps: one graph per (query length, batch-size bucket), replayed on static
+buffers.
 
-A decode-only batch (every request schedules exactly 1 token) of n rows runs in the graph of the
-smallest bucket b >= n. Its rows are copied into the front of static buffers; rows n..b-1 are
-padding that stores nothing and attends to the (zeroed) null block:
+A batch of n rows whose longest row has q_max tokens runs in the graph of the smallest captured query length
+q >= q_max (1: plain decode; 1 + k: speculative verification, captured when drafting) and the smallest bucket
+b >= n. The graph computes b * q token slots. The batch's T tokens are copied into the front; padding rows
+n..b-1 get one token each, right after them; the slots left over belong to no row:
 
-    row:            0 .. n-1 (real)              n .. b-1 (padding)
-    input_ids       the batch's tokens           0
-    positions       the batch's positions        0
-    slot_mapping    the batch's slots            -1   (store nothing)
-    seq_lens        the batch's seq lens         1    (attend to key 0 of block 0 only)
+    token slot:     0 .. T-1 (the batch's)   T .. T+b-n-1 (padding rows)   .. b*q - 1 (no row)
+    input_ids       the batch's tokens       0                              0
+    positions       the batch's positions    0                              0
+    slot_mapping    the batch's slots        -1 (store nothing)             -1
+    row:            0 .. n-1 (real)          n .. b-1 (padding)
+    seq_lens        the batch's seq lens     1    (attend to key 0 of block 0 only)
     block_tables    the batch's tables [:, :w]   0    (the null block)
-    query_start_loc 0, 1, .., b                  (constant: one query token per row)
+    query_start_loc the batch's starts, then T+1, .., T+b-n   (q = 1: constant 0, 1, .., b)
 
-The attention metadata a graph sees has constant host fields (max_query_len=1,
-max_seq_len=max_model_len, b rows), so the Triton backend routes and sizes its launches the same
-way at capture and at every replay; only device tensors change. Logits and sampling run outside
-the graph on the first n rows of the output. `EagerGraph` stands in for `torch.cuda.CUDAGraph` on
-CPU (capture = run once, replay = run again), so the buffer logic is tested without a GPU.
+The attention metadata a graph sees has constant host fields (max_query_len=q, max_seq_len=max_model_len,
+b rows), so the Triton backend routes and sizes its launches the same way at capture and at every replay
+(q <= 8: the decode kernel, which reads each row's length from query_start_loc); only device tensors change.
+Slots of no row are computed (garbage, row-wise independent) and never read. Logits and sampling run outside
+the graph on the batch's rows. `EagerGraph` stands in for `torch.cuda.CUDAGraph` on CPU (capture = run once,
+replay = run again), so the buffer logic is tested without a GPU.
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 import numpy as np
@@ -97,19 +101,21 @@ class TorchCUDAGraph:
 
 @dataclass
 class StaticBuffers:
-    token_rows: torch.Tensor  # [3, N] int64: input_ids, positions, slot_mapping (one copy fills all three)
+    token_rows: torch.Tensor  # [3, N * q] int64: input_ids, positions, slot_mapping (one copy fills all three)
     seq_lens: torch.Tensor  # [N] int32
-    query_start_loc: torch.Tensor  # [N + 1] int32, 0..N
+    query_start_loc: torch.Tensor  # [N + 1] int32 (q = 1: 0..N, constant)
     block_tables: torch.Tensor  # [N, max_blocks_per_seq] int32
+    query_len: int = 1  # q: token slots per row
 
     @classmethod
-    def allocate(cls, max_rows: int, max_blocks_per_seq: int, device: torch.device) -> StaticBuffers:
-        token_rows = torch.zeros(3, max_rows, dtype=torch.int64, device=device)
+    def allocate(cls, max_rows: int, max_blocks_per_seq: int, device: torch.device,
+                 query_len: int = 1) -> StaticBuffers:
+        token_rows = torch.zeros(3, max_rows * query_len, dtype=torch.int64, device=device)
         token_rows[2].fill_(-1)
         i32 = dict(dtype=torch.int32, device=device)
         return cls(token_rows=token_rows, seq_lens=torch.ones(max_rows, **i32),
                    query_start_loc=torch.arange(max_rows + 1, **i32),
-                   block_tables=torch.zeros(max_rows, max_blocks_per_seq, **i32))
+                   block_tables=torch.zeros(max_rows, max_blocks_per_seq, **i32), query_len=query_len)
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -124,14 +130,22 @@ class StaticBuffers:
         return self.token_rows[2]
 
     def fill(self, batch: HostBatch, bucket: int) -> None:
-        """Copy a decode batch of n rows into rows [0, n) and padding into rows [n, bucket): three
-        non-blocking copies from the host (ids / positions / slots, seq lens, block tables)."""
-        pad = bucket - batch.num_seqs
+        """Copy a batch of n rows (at most q tokens each) into the front and padding behind it (the module
+        docstring's layout): three non-blocking copies from the host (ids / positions / slots, seq lens and
+        query starts, block tables)."""
+        num_tokens, pad_rows = len(batch.input_ids), bucket - batch.num_seqs
+        pad = bucket * self.query_len - num_tokens
         rows = np.array([batch.input_ids + [0] * pad, batch.positions + [0] * pad,
                          batch.slot_mapping + [-1] * pad], dtype=np.int64)
-        self.token_rows[:, :bucket].copy_(torch.from_numpy(rows), non_blocking=True)
-        seq_lens = np.array(batch.seq_lens + [1] * pad, dtype=np.int32)
-        self.seq_lens[:bucket].copy_(torch.from_numpy(seq_lens), non_blocking=True)
+        self.token_rows[:, :bucket * self.query_len].copy_(torch.from_numpy(rows), non_blocking=True)
+        lens = batch.seq_lens + [1] * pad_rows
+        if self.query_len == 1:
+            self.seq_lens[:bucket].copy_(torch.from_numpy(np.array(lens, dtype=np.int32)), non_blocking=True)
+        else:
+            starts = batch.query_start_loc + list(range(num_tokens + 1, num_tokens + pad_rows + 1))
+            both = torch.from_numpy(np.array(lens + starts, dtype=np.int32))
+            self.seq_lens[:bucket].copy_(both[:bucket], non_blocking=True)
+            self.query_start_loc[:bucket + 1].copy_(both[bucket:], non_blocking=True)
         tables = np.zeros((bucket, len(batch.block_tables[0])), dtype=np.int32)
         tables[:batch.num_seqs] = batch.block_tables
         # Entries past the batch's width are stale but never read: a row stops at its seq_len
@@ -139,47 +153,66 @@ class StaticBuffers:
         self.block_tables[:bucket, :tables.shape[1]].copy_(torch.from_numpy(tables), non_blocking=True)
 
     def metadata(self, bucket: int, max_model_len: int) -> AttentionMetadata:
-        """Views of the first `bucket` rows, with host fields that are the same at every replay."""
+        """Views of the first `bucket` rows, with host fields that are the same at every replay (the host query
+        starts say q tokens a row: only the torch reference backend would read them, and it is never
+        captured)."""
+        q = self.query_len
         return AttentionMetadata(
-            slot_mapping=self.slot_mapping[:bucket], query_start_loc=self.query_start_loc[:bucket + 1],
+            slot_mapping=self.slot_mapping[:bucket * q], query_start_loc=self.query_start_loc[:bucket + 1],
             seq_lens=self.seq_lens[:bucket], block_tables=self.block_tables[:bucket],
-            max_query_len=1, max_seq_len=max_model_len,
-            query_start_loc_cpu=list(range(bucket + 1)), seq_lens_cpu=[max_model_len] * bucket)
+            max_query_len=q, max_seq_len=max_model_len,
+            query_start_loc_cpu=list(range(0, bucket * q + 1, q)), seq_lens_cpu=[max_model_len] * bucket)
+
+
+@dataclass
+class GraphSet:
+    """The graphs of one query length q: one per bucket, over one set of static buffers."""
+
+    buffers: StaticBuffers
+    graphs: dict[int, Graph] = field(default_factory=dict)
+    outputs: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 class CudaGraphRunner:
-    """Captures the model's forward per bucket and replays it for decode-only batches."""
+    """Captures the model's forward per (query length, bucket) and replays it for batches that fit."""
 
     def __init__(self, model: torch.nn.Module, max_batch_size: int, max_model_len: int, block_size: int,
-                 device: torch.device, graph_cls: type = TorchCUDAGraph) -> None:
+                 device: torch.device, graph_cls: type = TorchCUDAGraph, query_lens: tuple[int, ...] = (1,)) -> None:
         self.model = model
         self.buckets = graph_buckets(max_batch_size)
         self.max_model_len = max_model_len
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.device = device
         self.graph_cls = graph_cls
-        self.buffers = StaticBuffers.allocate(self.buckets[-1], self.max_blocks_per_seq, device)
-        self.graphs: dict[int, Graph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.sets = {q: GraphSet(StaticBuffers.allocate(self.buckets[-1], self.max_blocks_per_seq, device, q))
+                     for q in sorted(set(query_lens))}
+
+    @property
+    def graphs(self) -> dict[int, Graph]:
+        """The plain decode graphs (q = 1), by bucket."""
+        return self.sets[1].graphs if 1 in self.sets else {}
 
     @torch.inference_mode()
     def capture_all(self) -> None:
-        """Largest bucket first, all in one memory pool (smaller graphs reuse the largest one's memory)."""
+        """Longest rows and largest bucket first, all in one memory pool (smaller graphs reuse the largest
+        one's memory)."""
         pool = torch.cuda.graph_pool_handle() if self.graph_cls is TorchCUDAGraph else None
-        for bucket in reversed(self.buckets):
-            forward = self._forward_fn(bucket)
-            forward()  # warm-up outside the graph: Triton compiles, allocator settles
-            self._synchronize()
-            graph = self.graph_cls(pool)
-            self.outputs[bucket] = graph.capture(forward)
-            self.graphs[bucket] = graph
-            self._synchronize()
-        logger.info("captured %d CUDA graphs for decode batches of up to %d sequences", len(self.buckets),
-                    self.buckets[-1])
+        for graph_set in reversed(self.sets.values()):
+            for bucket in reversed(self.buckets):
+                forward = self._forward_fn(graph_set.buffers, bucket)
+                forward()  # warm-up outside the graph: Triton compiles, allocator settles
+                self._synchronize()
+                graph = self.graph_cls(pool)
+                graph_set.outputs[bucket] = graph.capture(forward)
+                graph_set.graphs[bucket] = graph
+                self._synchronize()
+        logger.info("captured %d CUDA graphs (query lengths %s) for batches of up to %d sequences",
+                    len(self.buckets) * len(self.sets), list(self.sets), self.buckets[-1])
 
-    def _forward_fn(self, bucket: int) -> Callable[[], torch.Tensor]:
-        metadata = self.buffers.metadata(bucket, self.max_model_len)
-        ids, pos = self.buffers.input_ids[:bucket], self.buffers.positions[:bucket]
+    def _forward_fn(self, buffers: StaticBuffers, bucket: int) -> Callable[[], torch.Tensor]:
+        metadata = buffers.metadata(bucket, self.max_model_len)
+        num_tokens = bucket * buffers.query_len
+        ids, pos = buffers.input_ids[:num_tokens], buffers.positions[:num_tokens]
 
         def forward() -> torch.Tensor:
             with set_attention_metadata(metadata):
@@ -190,17 +223,24 @@ class CudaGraphRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def _set_for(self, batch: HostBatch) -> GraphSet | None:
+        """The captured set of the shortest query length that holds the batch's longest row."""
+        if batch.num_seqs > self.buckets[-1] or len(batch.block_tables[0]) > self.max_blocks_per_seq:
+            return None
+        longest = batch.max_query_len
+        return next((s for q, s in self.sets.items() if q >= longest and s.graphs), None)
+
     def can_run(self, batch: HostBatch) -> bool:
-        return (bool(self.graphs) and batch.is_decode_only and batch.num_seqs <= self.buckets[-1]
-                and len(batch.block_tables[0]) <= self.max_blocks_per_seq)
+        return self._set_for(batch) is not None
 
     def run(self, batch: HostBatch, input_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Hidden states [n, hidden] of a decode-only batch (a view of the graph's output: use it
-        before the next replay). `input_ids` [n], on the device, replace the batch's."""
-        n = batch.num_seqs
-        bucket = bucket_for(n, self.buckets)
-        self.buffers.fill(batch, bucket)
+        """Hidden states [T, hidden] of the batch's T tokens (a view of the graph's output: use it before the
+        next replay). `input_ids` [T], on the device, replace the batch's."""
+        graph_set = self._set_for(batch)
+        bucket = bucket_for(batch.num_seqs, self.buckets)
+        graph_set.buffers.fill(batch, bucket)
+        num_tokens = len(batch.input_ids)
         if input_ids is not None:
-            self.buffers.input_ids[:n].copy_(input_ids)
-        self.graphs[bucket].replay()
-        return self.outputs[bucket][:n]
+            graph_set.buffers.input_ids[:num_tokens].copy_(input_ids)
+        graph_set.graphs[bucket].replay()
+        return graph_set.outputs[bucket][:num_tokens]

@@ -190,8 +190,9 @@ class ModelRunner:
         return _select_rows(previous.sampled, rows, self.device)
 
     def _forward(self, host: HostBatch, ahead_ids: torch.Tensor | None) -> torch.Tensor:
-        """Hidden states of the rows that sample. Decode-only batches replay a captured graph when
-        there is one; the rest run eagerly. `ahead_ids` overwrite the input ids."""
+        """Hidden states of the rows that sample. Batches of rows of at most q tokens (decode: 1, verify:
+        1 + k) replay a captured graph when there is one; the rest run eagerly. `ahead_ids` overwrite the
+        input ids."""
         if self.graphs is not None and self.graphs.can_run(host):
             # all rows, unless a one-token prompt chunk rides among the decodes (it samples nothing)
             return _select_rows(self.graphs.run(host, ahead_ids), host.logits_indices, self.device)

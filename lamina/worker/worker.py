@@ -102,7 +102,8 @@ class Worker:
         return num_blocks
 
     def _capture_graphs(self, max_num_seqs: int) -> CudaGraphRunner | None:
-        """Capture decode steps on CUDA with the Triton kernels (unless enforce_eager); None: eager."""
+        """Capture decode steps (and verify steps, when drafting) on CUDA with the Triton kernels (unless
+        enforce_eager); None: eager."""
         backend = self._attention_backend()
         capture, why = graph_decision(self.device, self.config.enforce_eager, backend,
                                       self._triton_kernels_supported(backend))
@@ -110,12 +111,14 @@ class Worker:
         if not capture:
             return None
         max_batch = min(self.config.cuda_graph_max_batch_size, max_num_seqs)
+        spec = self.config.speculative_config
+        query_lens = (1,) if spec is None else (1, 1 + spec.num_speculative_tokens)  # decode, verify
         graphs = CudaGraphRunner(self.model, max_batch, self.max_model_len, self.config.cache_config.block_size,
-                                 self.device)
+                                 self.device, query_lens=query_lens)
         start = time.perf_counter()
         graphs.capture_all()
-        logger.info("CUDA graphs: %d buckets (1..%d) captured in %.1f s", len(graphs.buckets), max_batch,
-                    time.perf_counter() - start)
+        logger.info("CUDA graphs: %d buckets (1..%d) x query lengths %s captured in %.1f s", len(graphs.buckets),
+                    max_batch, list(query_lens), time.perf_counter() - start)
         return graphs
 
     def _attention_backend(self) -> str:

@@ -56,6 +56,22 @@ def test_fill_pads_rows_with_slot_minus_one_and_the_null_block() -> None:
     assert md.slot_mapping.data_ptr() == buffers.token_rows[2].data_ptr()  # views: a replay sees each fill
 
 
+def test_fill_of_a_verify_graph_packs_tokens_then_one_token_per_padding_row() -> None:
+    """q = 4: rows of 4, 1 and 2 tokens in a bucket of 4 rows (16 token slots)."""
+    buffers = StaticBuffers.allocate(8, 6, torch.device("cpu"), query_len=4)
+    batch = HostBatch(input_ids=[1, 2, 3, 4, 5, 6, 7], positions=[8, 9, 10, 11, 3, 20, 21],
+                      slot_mapping=[24, 25, 26, 27, 11, 36, 37], query_start_loc=[0, 4, 5, 7], seq_lens=[12, 4, 22],
+                      block_tables=[[1, 3], [1, 0], [2, 4]], logits_indices=[3, 4, 6], sampling_req_ids=[])
+    buffers.fill(batch, bucket=4)
+    assert buffers.input_ids[:16].tolist() == [1, 2, 3, 4, 5, 6, 7] + [0] * 9
+    assert buffers.slot_mapping[:16].tolist() == [24, 25, 26, 27, 11, 36, 37] + [-1] * 9
+    assert buffers.query_start_loc[:5].tolist() == [0, 4, 5, 7, 8]  # the padding row owns slot 7
+    assert buffers.seq_lens[:4].tolist() == [12, 4, 22, 1]
+    assert buffers.block_tables[3, :2].tolist() == [0, 0]
+    md = buffers.metadata(4, max_model_len=96)
+    assert (md.max_query_len, md.num_seqs, md.slot_mapping.numel()) == (4, 4, 16)
+
+
 def test_graph_decision() -> None:
     cpu = torch.device("cpu")
     assert graph_decision(cpu, False, "triton", True) == (False, "eager: device is cpu")
@@ -126,4 +142,28 @@ def test_replayed_steps_with_one_token_prompt_chunks_equal_eager(model_dir: str)
     assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in eager]
     # some replayed step had a row that samples nothing
     assert any(len(batch.logits_indices) < batch.num_seqs for batch in replayed)
+    llm.engine.check_integrity()
+
+
+def test_replayed_verify_steps_equal_eager(model_dir: str) -> None:
+    """With drafts, steps of up to 1 + k tokens a row replay the verify graphs (q = 4) and give the eager
+    tokens; plain decode steps still replay the q = 1 graphs."""
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [7, 8, 9, 10, 7, 8], [(5 * j) % 64 + 1 for j in range(11)]]
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (14, 9, 12)]
+    inputs = [{"prompt_token_ids": p} for p in prompts]
+    eager = _llm(model_dir, speculative_config=spec).generate(inputs, params, use_tqdm=False)
+    llm = _llm(model_dir, speculative_config=spec)
+    worker = llm.engine.executor.worker
+    graphs = CudaGraphRunner(worker.model, 4, worker.max_model_len, 8, torch.device("cpu"), graph_cls=EagerGraph,
+                             query_lens=(1, 4))
+    graphs.capture_all()
+    replayed: list[HostBatch] = []
+    original_run = graphs.run
+    graphs.run = lambda batch, ids=None: replayed.append(batch) or original_run(batch, ids)
+    worker.runner.graphs = graphs
+    out = llm.generate(inputs, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in eager]
+    assert any(b.max_query_len > 1 for b in replayed) and any(b.max_query_len == 1 for b in replayed)
+    assert llm.engine.get_stats().spec.num_accepted_tokens > 0
     llm.engine.check_integrity()
