@@ -53,7 +53,7 @@ def greedy_identity(methods: list[str], new_tokens: int) -> dict:
     outputs = {}
     for label in ["off", *methods]:
         config = None if label == "off" else spec_config(label, 3, DEMO_DRAFT, None)
-        llm = LLM(model=DEMO_MODEL, speculative_config=config, gpu_memory_utilization=0.2)
+        llm = LLM(model=DEMO_MODEL, speculative_config=config, gpu_memory_utilization=0.6)
         outputs[label] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         llm.engine.check_integrity()
         llm.engine.executor.shutdown()
