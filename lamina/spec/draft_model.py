@@ -1,0 +1,235 @@
+"""DraftModelProposer: a smaller checkpoint with the target's vocabulary drafts greedily (vLLM's "draft_model").
+
+The draft model keeps its own paged KV cache, indexed by the target's block ids: block b of the draft
+cache holds the draft's K/V of the tokens that block b of the target holds. Per request it remembers the
+tokens it has fed (the KV it has written). One request, N = len(token_ids), k = the drafts it makes:
+
+    position    0 ..... s ......... N-1 | N    N+1  ...  N+k-2 | N+k-1
+    token       | kept  | stale/new |new| d0   d1   ...  d(k-2)| d(k-1)   (never fed)
+    forward             |  catch-up     | dec 1 dec 2 ... dec k-1|
+    logits at           N-1 -> d0       | N -> d1, ..., N+k-2 -> d(k-1)
+    draft KV written at [s, N+k-1), a part of [0, N-1+num_drafts): inside the blocks the request was given
+
+    s: the first position whose fed token is missing or differs from token_ids (a draft the target
+       rejected), at most N-1; everything is fed on first sight (and after `forget`).
+
+One propose call: the catch-up is one flat batch over every request (variable query lengths, like the
+target's step); then decode step j (1 <= j < max k) feeds draft j-1 at position N-1+j of each request that
+wants more than j drafts. Rows are sorted by k, largest first, so the requests of step j are a prefix of
+the rows and the drafts stay on the device until one host read at the end. Drafts are argmax tokens (one-hot
+proposals for the rejection sampler); `hidden` is not used.
+
+Positions: the draft model has RoPE for max_position_embeddings = M positions. A request drafts at most
+M - N + 1 tokens (its last fed position stays below M), none once N > M: a short-context draft model
+drafts less, never fails (the protocol allows fewer drafts). A warning at load says when M is below the
+target's.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
+from lamina.config import ModelArch
+from lamina.kv.cache import KVCache, allocate_kv_caches, bind_kv_caches, kv_cache_bytes_per_block
+from lamina.loader.hf_config import load_model_arch
+from lamina.loader.model_loader import load_model
+from lamina.spec.model_proposer import DraftRequest
+
+__all__ = ["DraftModelProposer"]
+
+logger = logging.getLogger(__name__)
+
+FIELD = "speculative_config.model"
+ALIGN_BYTES = 16  # each field of a packed host-to-device copy starts aligned, like a tensor of its own
+
+
+@dataclass(slots=True)
+class _Fed:
+    """What the draft cache holds for one request: the token fed at each position [0, len(tokens))."""
+
+    tokens: list[int]
+    verified: int  # tokens[:verified] were verified tokens when fed: they never go stale
+
+
+@dataclass(slots=True)
+class _Row:
+    """One drafting request of a propose call."""
+
+    index: int  # in the call's requests
+    request: DraftRequest
+    start: int  # s: the first position the catch-up feeds
+    limit: int  # k: drafts it makes
+
+    @property
+    def n(self) -> int:
+        return len(self.request.token_ids)
+
+
+class DraftModelProposer:
+    """Greedy drafts from the checkpoint in `model_dir`, loaded in `dtype` on `device` with lamina's loader and
+    the given attention backend (module docstring for positions and the KV it writes).
+
+    ValueError (naming speculative_config.model) when the checkpoint does not load or its vocab_size differs
+    from the target's.
+    """
+
+    def __init__(self, model_dir: str, target_arch: ModelArch, dtype: torch.dtype, device: torch.device | str,
+                 attention_backend: str = "auto") -> None:
+        try:
+            arch = load_model_arch(model_dir)
+        except ValueError as exc:
+            raise ValueError(f"{FIELD} ({model_dir!r}): {exc}") from None
+        if arch.vocab_size != target_arch.vocab_size:
+            raise ValueError(f"{FIELD}: the draft model's vocab_size ({arch.vocab_size}) must equal the target's "
+                             f"({target_arch.vocab_size}); a draft model shares the target's tokenizer")
+        if arch.max_position_embeddings < target_arch.max_position_embeddings:
+            logger.warning("%s: the draft model has %d positions, the target %d: requests past %d get no drafts",
+                           FIELD, arch.max_position_embeddings, target_arch.max_position_embeddings,
+                           arch.max_position_embeddings)
+        self.arch = arch
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.model = load_model(model_dir, arch, dtype, self.device, attention_backend=attention_backend)
+        self.block_size = 0  # set by bind_cache
+        self.kv_caches: list[KVCache] = []
+        self._fed: dict[str, _Fed] = {}
+
+    def kv_bytes_per_block(self, block_size: int) -> int:
+        return kv_cache_bytes_per_block(self.arch, block_size, self.dtype)
+
+    def bind_cache(self, num_blocks: int, block_size: int) -> None:
+        self.kv_caches = allocate_kv_caches(self.arch, num_blocks, block_size, self.dtype, self.device)
+        bind_kv_caches(self.model, self.kv_caches)
+        self.block_size = block_size
+
+    def forget(self, req_ids: Iterable[str]) -> None:
+        for req_id in req_ids:
+            self._fed.pop(req_id, None)
+
+    @torch.inference_mode()
+    def propose(self, requests: list[DraftRequest], hidden: torch.Tensor) -> list[list[int]]:
+        if not self.block_size:
+            raise RuntimeError("DraftModelProposer.propose called before bind_cache")
+        drafts: list[list[int]] = [[] for _ in requests]
+        rows = self._plan(requests)
+        if not rows:
+            return drafts
+        table = _block_table([r.request.block_ids for r in rows])
+        table_dev = torch.from_numpy(table).to(self.device, non_blocking=True)
+        columns = [self._catch_up(rows, table, table_dev)]
+        for j in range(1, rows[0].limit):
+            count = sum(r.limit > j for r in rows)
+            columns.append(self._decode(rows[:count], j, columns[-1][:count], table, table_dev))
+        flat = torch.cat(columns).tolist()  # the one host read
+        offset = 0
+        for column in columns:
+            for row, token in zip(rows, flat[offset:offset + len(column)]):
+                drafts[row.index].append(token)
+            offset += len(column)
+        for row in rows:
+            self._remember(row, drafts[row.index])
+        return drafts
+
+    def _plan(self, requests: list[DraftRequest]) -> list[_Row]:
+        """The requests that draft, sorted by k (largest first), with their catch-up start."""
+        rows = []
+        for index, request in enumerate(requests):
+            n = len(request.token_ids)
+            limit = min(request.num_drafts, self.arch.max_position_embeddings - n + 1)
+            if n == 0 or limit < 1:
+                continue
+            if len(request.block_ids) * self.block_size < n - 1 + limit:
+                raise ValueError(f"block_ids of request {request.req_id!r}: {len(request.block_ids)} block(s) of "
+                                 f"{self.block_size} do not cover positions [0, {n - 1 + limit})")
+            rows.append(_Row(index, request, self._first_stale(request), limit))
+        rows.sort(key=lambda r: -r.limit)
+        return rows
+
+    def _first_stale(self, request: DraftRequest) -> int:
+        """s: the first position whose draft KV is missing or was fed a token other than token_ids' (<= N-1)."""
+        tokens, n = request.token_ids, len(request.token_ids)
+        fed = self._fed.get(request.req_id)
+        if fed is None:
+            return 0
+        pos, end = min(fed.verified, n), min(len(fed.tokens), n)
+        while pos < end and fed.tokens[pos] == tokens[pos]:
+            pos += 1
+        return min(pos, n - 1)
+
+    def _remember(self, row: _Row, drafts: list[int]) -> None:
+        """The draft cache now holds token_ids[:N] and the drafts fed at N, ..., N+k-2."""
+        request, n = row.request, row.n
+        fed = self._fed.setdefault(request.req_id, _Fed([], 0))
+        del fed.tokens[row.start:]
+        fed.tokens.extend(int(t) for t in request.token_ids[row.start:n])
+        fed.tokens.extend(drafts[:row.limit - 1])
+        fed.verified = n
+
+    def _catch_up(self, rows: list[_Row], table: np.ndarray, table_dev: torch.Tensor) -> torch.Tensor:
+        """One flat forward over token_ids[s:N] of every row; returns draft 0 of each row [len(rows)]."""
+        starts = np.array([r.start for r in rows], dtype=np.int64)
+        ends = np.array([r.n for r in rows], dtype=np.int64)
+        lens = ends - starts
+        ids = np.concatenate([np.asarray(r.request.token_ids[r.start:r.n], dtype=np.int64) for r in rows])
+        row_of = np.repeat(np.arange(len(rows)), lens)
+        query_start = np.concatenate(([0], np.cumsum(lens)))
+        positions = starts[row_of] + np.arange(len(ids)) - query_start[:-1][row_of]
+        return self._draft(ids, positions, self._slots(table, row_of, positions), query_start, ends, table_dev)
+
+    def _decode(self, rows: list[_Row], j: int, previous: torch.Tensor, table: np.ndarray,
+                table_dev: torch.Tensor) -> torch.Tensor:
+        """Feed draft j-1 at position N-1+j of each row; returns draft j of each row."""
+        positions = np.array([r.n - 1 + j for r in rows], dtype=np.int64)
+        query_start = np.arange(len(rows) + 1, dtype=np.int64)
+        slots = self._slots(table, np.arange(len(rows)), positions)
+        return self._draft(previous, positions, slots, query_start, positions + 1, table_dev[:len(rows)])
+
+    def _slots(self, table: np.ndarray, row_of: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        bs = self.block_size
+        return table[row_of, positions // bs].astype(np.int64) * bs + positions % bs
+
+    def _draft(self, ids: np.ndarray | torch.Tensor, positions: np.ndarray, slots: np.ndarray,
+               query_start: np.ndarray, seq_lens: np.ndarray, table_dev: torch.Tensor) -> torch.Tensor:
+        """One eager forward of a flat batch (`ids` on the host or already on the device); returns the argmax
+        token at each sequence's last row [B]."""
+        last = query_start[1:] - 1
+        longs = [positions, slots, last] + ([ids] if isinstance(ids, np.ndarray) else [])
+        moved = _to_device(longs, np.int64, self.device)
+        ints = _to_device([query_start, seq_lens], np.int32, self.device)
+        starts_cpu, lens_cpu = query_start.tolist(), seq_lens.tolist()
+        metadata = AttentionMetadata(
+            slot_mapping=moved[1], query_start_loc=ints[0], seq_lens=ints[1], block_tables=table_dev,
+            max_query_len=int((query_start[1:] - query_start[:-1]).max()), max_seq_len=max(lens_cpu),
+            query_start_loc_cpu=starts_cpu, seq_lens_cpu=lens_cpu)
+        with set_attention_metadata(metadata):
+            hidden = self.model(moved[3] if len(moved) > 3 else ids, moved[0])
+        if len(last) != len(hidden):  # decode steps: every row is a last row
+            hidden = hidden.index_select(0, moved[2])
+        return self.model.compute_logits(hidden).argmax(dim=-1)
+
+
+def _block_table(tables: list[list[int]]) -> np.ndarray:
+    """[B, W] int32: each row's block ids, padded with 0 (the null block) to the widest."""
+    out = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int32)
+    for i, blocks in enumerate(tables):
+        out[i, :len(blocks)] = blocks
+    return out
+
+
+def _to_device(fields: Sequence[np.ndarray], dtype: type, device: torch.device) -> list[torch.Tensor]:
+    """One host-to-device copy for all `fields`; each view starts ALIGN_BYTES-aligned (Triton specializes a
+    kernel on its pointers' alignment, so an offset that moved with the batch would compile new variants)."""
+    step = ALIGN_BYTES // np.dtype(dtype).itemsize
+    padded = [-(-len(f) // step) * step for f in fields]
+    packed = np.zeros(sum(padded), dtype=dtype)
+    offset = 0
+    for values, size in zip(fields, padded):
+        packed[offset:offset + len(values)] = values
+        offset += size
+    parts = torch.from_numpy(packed).to(device, non_blocking=True).split(padded)
+    return [part[:len(f)] for part, f in zip(parts, fields)]
