@@ -95,10 +95,8 @@ def throughput(llm: LLM, batch_sizes: list[int], new_tokens: int, bar) -> list[d
     return rows
 
 
-def _release(llm: LLM) -> None:
-    llm.engine.check_integrity()
-    llm.engine.executor.shutdown()
-    del llm
+def _free_device_memory() -> None:
+    """After the last reference to an engine is gone: its KV cache and graphs go back to the device."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -119,7 +117,10 @@ def run(model_dir: str, methods: list[str], k: int, new_tokens: int, batch_sizes
         llm.generate(["def f(x):"], SamplingParams(max_tokens=8), use_tqdm=False)  # warm-up
         results[label] = {"batch_one": batch_one(llm, new_tokens, bar),
                           "throughput": throughput(llm, batch_sizes, new_tokens, bar)}
-        _release(llm)
+        llm.engine.check_integrity()
+        llm.engine.executor.shutdown()
+        del llm
+        _free_device_memory()
     bar.close()
     return {"workload": "speculative decoding: batch 1 per prompt set, and throughput by batch size",
             "model": model_dir, "new_tokens": new_tokens, "speculative_configs": configs,
