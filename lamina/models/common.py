@@ -11,6 +11,7 @@ through the class attributes below.
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from typing import ClassVar
 
@@ -111,8 +112,12 @@ class DecoderModel(nn.Module):
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, kernels)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.forward_layers(input_ids, positions, len(self.layers))
+
+    def forward_layers(self, input_ids: torch.Tensor, positions: torch.Tensor, num_layers: int) -> torch.Tensor:
+        """embed -> the first `num_layers` layers -> norm (early exit: lamina/spec/early_exit.py)."""
         hidden, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
+        for layer in itertools.islice(self.layers, num_layers):
             hidden, residual = layer(positions, hidden, residual)
         hidden, _ = self.norm(hidden, residual)
         return hidden
@@ -156,6 +161,10 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids, positions [T] (a flat batch) -> hidden states [T, hidden_size]."""
         return self.model(input_ids, positions)
+
+    def forward_layers(self, input_ids: torch.Tensor, positions: torch.Tensor, num_layers: int) -> torch.Tensor:
+        """Like `forward`, through only the first `num_layers` decoder layers (then the final norm)."""
+        return self.model.forward_layers(input_ids, positions, num_layers)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden_size] -> float32 logits [N, vocab_size]."""

@@ -1,0 +1,116 @@
+"""Early-exit self-speculation (issue #12): the target's first L' layers, then its final norm and LM head, draft.
+
+No weights and no KV of its own: the drafter is the target model stopped after `exit_layer` layers, and it
+reads and writes the KV of those first L' layers in the target's own cache (already bound to the model's
+attention layers). One request, N = len(token_ids), k = num_drafts (the target has KV for [0, N - 1)):
+
+    position:     0 ...  N - 2 | N - 1     N         ...  N - 2 + k  | N - 1 + k
+    token fed:    (target KV)  | newest    draft 0   ...  draft k - 2 | (never fed)
+    drafted:                   | draft 0   draft 1   ...  draft k - 1 |
+    layers < L':  read only    | written, one flat forward per column |  untouched
+    block_ids:    cover [0, N - 1 + k); slot(p) = block_ids[p // block_size] * block_size + p % block_size
+
+Draft step s feeds, for every request with k > s, one token at position p = N - 1 + s (seq_len p + 1)
+through the first L' layers (writing their K/V at p), norm + LM head, argmax -> draft s. Greedy drafts are
+one-hot proposals, exact for the rejection sampler at any temperature. The verifier later writes every
+layer's KV at N - 1 and after, so the first layers' slots there need no rollback; positions < N - 1 and
+blocks outside `block_ids` are never written.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
+from lamina.models.common import CausalLM
+from lamina.spec.model_proposer import DraftRequest
+
+__all__ = ["EarlyExitProposer", "resolve_exit_layer"]
+
+
+def resolve_exit_layer(exit_layer: int | None, num_layers: int) -> int:
+    """`exit_layer`, or by default a third of `num_layers` (at least 1); ValueError outside [1, num_layers - 1]."""
+    layer = max(1, num_layers // 3) if exit_layer is None else exit_layer
+    if not 1 <= layer < num_layers:
+        raise ValueError(f"speculative_config.exit_layer must be in [1, {num_layers - 1}] (the target has "
+                         f"{num_layers} layer(s); early exit drafts with fewer than all of them), got {layer!r}")
+    return layer
+
+
+class EarlyExitProposer:
+    """A `ModelProposer` drafting greedily with the target's first `exit_layer` layers (module docstring)."""
+
+    def __init__(self, model: CausalLM, exit_layer: int | None, block_size: int) -> None:
+        self.model = model
+        self.exit_layer = resolve_exit_layer(exit_layer, model.arch.num_hidden_layers)
+        self.block_size = block_size
+        self.device = next(model.parameters()).device
+
+    def kv_bytes_per_block(self, block_size: int) -> int:
+        return 0  # it writes the target's own KV
+
+    def bind_cache(self, num_blocks: int, block_size: int) -> None:
+        pass  # the target's caches are already bound to the layers it runs
+
+    def forget(self, req_ids: Iterable[str]) -> None:
+        pass  # nothing is kept between steps
+
+    @torch.inference_mode()
+    def propose(self, requests: list[DraftRequest], hidden: torch.Tensor) -> list[list[int]]:
+        """Up to `num_drafts` greedy drafts per request; `hidden` is not needed (the drafter recomputes)."""
+        if not requests:
+            return []
+        for request in requests:
+            self._check_blocks(request)
+        max_drafts = max(r.num_drafts for r in requests)
+        drafts = torch.zeros(len(requests), max_drafts, dtype=torch.int64, device=self.device)
+        rows = list(range(len(requests)))  # the requests still drafting, in batch order
+        ids = torch.tensor([r.token_ids[-1] for r in requests], dtype=torch.int64, device=self.device)
+        tables = self._block_tables(requests)
+        for step in range(max_drafts):
+            keep = [j for j, i in enumerate(rows) if requests[i].num_drafts > step]
+            if len(keep) < len(rows):  # some requests have all their drafts: drop their rows
+                rows = [rows[j] for j in keep]
+                ids = ids[torch.tensor(keep, device=self.device)]
+            ids = self._draft_step([requests[i] for i in rows], step, ids, tables[rows])
+            drafts[rows, step] = ids
+        table = drafts.tolist()  # the only host sync
+        return [table[i][:r.num_drafts] for i, r in enumerate(requests)]
+
+    def _draft_step(self, requests: list[DraftRequest], step: int, ids: torch.Tensor, tables: torch.Tensor
+                    ) -> torch.Tensor:
+        """Feed `ids` (one token a request) at position N - 1 + step; returns each request's argmax token."""
+        positions = [len(r.token_ids) - 1 + step for r in requests]
+        metadata = self._metadata(requests, positions, tables)
+        with set_attention_metadata(metadata):
+            position_ids = torch.tensor(positions, dtype=torch.int64, device=self.device)
+            hidden = self.model.forward_layers(ids, position_ids, self.exit_layer)
+        return self.model.compute_logits(hidden).argmax(dim=-1)
+
+    def _metadata(self, requests: list[DraftRequest], positions: list[int], tables: torch.Tensor
+                  ) -> AttentionMetadata:
+        """A decode batch: one query token a request at `positions`, seq_len = position + 1."""
+        bs = self.block_size
+        slots = [r.block_ids[p // bs] * bs + p % bs for r, p in zip(requests, positions)]
+        starts = list(range(len(requests) + 1))
+        seq_lens = [p + 1 for p in positions]
+        return AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=self.device),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=self.device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=self.device),
+            block_tables=tables, max_query_len=1, max_seq_len=max(seq_lens),
+            query_start_loc_cpu=starts, seq_lens_cpu=seq_lens)
+
+    def _block_tables(self, requests: list[DraftRequest]) -> torch.Tensor:
+        """[B, W] int32: each request's block ids, padded with 0 (the null block) to the widest."""
+        width = max(len(r.block_ids) for r in requests)
+        padded = [list(r.block_ids) + [0] * (width - len(r.block_ids)) for r in requests]
+        return torch.tensor(padded, dtype=torch.int32, device=self.device)
+
+    def _check_blocks(self, request: DraftRequest) -> None:
+        """The blocks must cover every position drafting writes: [0, N - 1 + num_drafts)."""
+        needed = len(request.token_ids) - 1 + request.num_drafts
+        if request.num_drafts < 1 or len(request.block_ids) * self.block_size < needed:
+            raise ValueError(f"request {request.req_id!r}: {len(request.block_ids)} block(s) of {self.block_size} "
+                             f"do not cover positions [0, {needed}) for num_drafts={request.num_drafts} (>= 1)")
