@@ -16,9 +16,9 @@ import torch
 from lamina.attention.metadata import set_attention_metadata
 from lamina.failures import is_fatal
 from lamina.kernels import compile_counter
-from lamina.layers.rejection_sampler import RejectionSampler
-from lamina.layers.sampler import Sampler, SamplerOutput, SamplingMetadata, compute_logprobs, uses_sampling_kernel
-from lamina.layers.sampling_metadata import host_to_device, min_tokens_mask, philox_keys
+from lamina.layers.accept_drafts import accept_drafts
+from lamina.layers.sampler import Sampler, SamplerOutput, SamplingMetadata, uses_sampling_kernel
+from lamina.layers.sampling_metadata import min_tokens_mask, philox_keys
 from lamina.sampling_params import SamplingParams
 from lamina.step import SchedulerOutput
 from lamina.worker.batch_state import BatchState
@@ -44,7 +44,6 @@ class ModelRunner:
         self.device = device
         self.states = BatchState(PenaltyState(vocab_size, device))
         self.sampler = Sampler(generator=torch.Generator(device).manual_seed(seed))
-        self.rejection_sampler = RejectionSampler(generator=torch.Generator(device).manual_seed(seed + 1))
         self._generators: dict[str, torch.Generator] = {}
         self._step_keys = random.Random(seed)  # keys of the rows without a seed, fresh every step
         self._last: PendingStep | None = None  # the step launched last (a decode_ahead step reads its tokens)
@@ -111,24 +110,24 @@ class ModelRunner:
 
     def _verify_drafts(self, logits: torch.Tensor, spec: list[str], num_drafts: list[int], draft_ids: list[int],
                        positions: list[int]) -> tuple[Verified | None, dict[str, str]]:
-        """The drafting requests' tokens (and logprobs of each, from the raw rows); if the verifier raises, those
-        requests fail and the rest of the step goes on."""
-        params = [self.states.requests[r].sampling_params for r in spec]
+        """The drafting requests' tokens: every one of their k + 1 rows is sampled as any row is (keyed by its own
+        position), and a request keeps its drafts while they equal its samples, then one sample more
+        (lamina.layers.accept_drafts). For one-hot proposals (every proposer here drafts greedily) this is
+        rejection sampling exactly: draft x is kept with probability p(x), and on rejection the sample, which is
+        not x, is distributed as p without x. Logprobs come from each row's raw logits. If sampling raises,
+        those requests fail and the rest of the step goes on."""
+        rows = [r for r, k in zip(spec, num_drafts) for _ in range(k + 1)]
+        row_positions = [p + j for p, k in zip(positions, num_drafts) for j in range(k + 1)]
         try:
-            metadata = SamplingMetadata.build(params, self.vocab_size, self.device,
-                                              generators=self._verify_generators(params, positions))
-            out = self.rejection_sampler(logits, num_drafts, host_to_device(draft_ids, torch.int64, self.device),
-                                         metadata)
-            verified = Verified(spec, out.token_ids, [k + 1 for k in num_drafts],
-                                num_logprobs=[p.logprobs for p in params])
-            if any(n is not None for n in verified.num_logprobs):  # for the token each row emitted
-                verified.logprobs = compute_logprobs(logits, _row_tokens(out.token_ids, num_drafts, self.device),
-                                                     max(n for n in verified.num_logprobs if n is not None))
+            params = [self.states.requests[r].sampling_params for r in rows]
+            out = self._sample(logits, rows, self._philox_keys(params, row_positions))
+            tokens = accept_drafts(out.sampled_token_ids, num_drafts, draft_ids)
         except Exception as err:  # noqa: BLE001 - the drafting requests end with the error, the others go on
             if is_fatal(err):
                 raise
             return None, {r: f"verifying drafts failed: {err!r}" for r in spec}
-        return verified, {}
+        num_logprobs = [self.states.requests[r].sampling_params.logprobs for r in spec]
+        return Verified(spec, tokens, [k + 1 for k in num_drafts], out.logprobs, num_logprobs), {}
 
     def _pending(self, req_ids: list[str], out: SamplerOutput, failed: dict[str, str] | None = None,
                  verified: Verified | None = None) -> PendingStep:
@@ -210,14 +209,6 @@ class ModelRunner:
             return None
         return philox_keys([p.seed for p in params], positions, self._step_keys.getrandbits(63))
 
-    def _verify_generators(self, params: list[SamplingParams], positions: list[int]) -> dict[int, torch.Generator]:
-        """A verify step's generator of each seeded request, keyed by its seed and the position of the first token
-        it samples (philox_keys): its draws do not depend on the batch or on earlier steps, only on how many
-        drafts it verifies (fewer when the step's token budget cuts them)."""
-        keys = philox_keys([p.seed for p in params], positions, step_key=0)
-        return {row: torch.Generator(self.device).manual_seed(key)
-                for row, (p, key) in enumerate(zip(params, keys)) if p.seed is not None}
-
     def _generators_for(self, req_ids: list[str], params: list[SamplingParams]) -> dict[int, torch.Generator]:
         """Row -> generator of the seeded rows. A request with a seed owns a generator for its whole life
         (so its samples do not depend on what it is batched with); it is created the first time the
@@ -249,12 +240,3 @@ def _split_by_drafts(req_ids: list[str], num_drafts: list[int]
             plain_rows.append(row)
         row += k + 1
     return plain, plain_rows, spec, spec_rows, spec_k
-
-
-def _row_tokens(token_ids: torch.Tensor, num_drafts: list[int], device: torch.device) -> torch.Tensor:
-    """[sum(k_i + 1)]: the token logits row j of request i emitted (token_ids[i, j]; 0 where it emitted none)."""
-    requests = [i for i, k in enumerate(num_drafts) for _ in range(k + 1)]
-    positions = [j for k in num_drafts for j in range(k + 1)]
-    index = host_to_device(requests, torch.int64, device), host_to_device(positions, torch.int64, device)
-    return token_ids[index].clamp(min=0)
-

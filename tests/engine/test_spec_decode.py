@@ -137,15 +137,16 @@ def test_a_stop_string_inside_an_accepted_run_drops_the_tokens_after_it(model_di
 
 
 def test_a_failing_row_of_a_verify_step_fails_its_request_only(model_dir: str) -> None:
-    """Faults injected on this test's runner: a plain row whose sampling raises fails that request only, and a
-    verifier that raises fails the drafting requests only; the engine goes on and leaks no block."""
+    """Faults injected on this test's runner: a plain row whose sampling raises fails that request only, and
+    sampling that raises on the drafting requests' rows fails those requests only; the engine goes on and leaks
+    no block."""
     kwargs = {"block_size": 4, "num_kv_blocks": 200, "max_model_len": 128}
     penalised = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, presence_penalty=0.5)  # no drafts
     want = [o.outputs[0].token_ids for o in LLM(model=model_dir, **kwargs).generate(PROMPTS[:2], [GREEDY, penalised],
                                                                                      use_tqdm=False)]
     llm = LLM(model=model_dir, speculative_config=SPEC, **kwargs)
     runner = llm.engine.executor.worker.runner
-    sampler, verifier = runner.sampler, runner.rejection_sampler
+    sampler = runner.sampler
 
     def failing_sampler(logits, metadata):  # noqa: ANN001, ANN202
         if metadata.penalties is not None:  # the penalised request's row
@@ -159,13 +160,15 @@ def test_a_failing_row_of_a_verify_step_fails_its_request_only(model_dir: str) -
     assert out[1].outputs[0].finish_reason == "error" and "sampling failed" in out[1].extra["error"]
     runner.sampler = sampler
 
-    def failing_verifier(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        raise ValueError("verifier failed (simulated)")
+    def failing_verifier(logits, metadata):  # noqa: ANN001, ANN202
+        if metadata.penalties is None and logits.shape[0] > 1:  # the drafting request's k + 1 rows
+            raise ValueError("verifier failed (simulated)")
+        return sampler(logits, metadata)
 
-    runner.rejection_sampler = failing_verifier
+    runner.sampler = failing_verifier
     out = llm.generate(PROMPTS[:2], [GREEDY, penalised], use_tqdm=False)
     assert out[0].outputs[0].finish_reason == "error" and "verifying drafts failed" in out[0].extra["error"]
     assert out[1].outputs[0].token_ids == want[1]
-    runner.rejection_sampler = verifier
+    runner.sampler = sampler
     assert llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)[0].outputs[0].token_ids == want[0]  # goes on
     llm.engine.check_integrity()
