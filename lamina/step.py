@@ -72,6 +72,9 @@ class SchedulerOutput:
     finished_req_ids: list[str] = field(default_factory=list)  # ended since the last message
     preempted_req_ids: list[str] = field(default_factory=list)
     decode_ahead: bool = False
+    # worker-side proposers (lamina/spec/model_proposer.py): request id -> at most this many drafts to propose
+    # once this step's tokens are known (only requests whose range reaches the end)
+    draft_limits: dict[str, int] = field(default_factory=dict)
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -91,9 +94,11 @@ class ModelRunnerOutput:
     failed: request id -> error, for requests whose own part of the step raised (the scheduler ends them
             with finish_reason "error" while the rest of the batch goes on)
     num_compiles: Triton kernels the worker compiled while launching the step (its step stats)
+    draft_token_ids: request id -> the drafts a worker-side proposer made for the next step (draft_limits)
     """
 
     sampled_token_ids: dict[str, list[int]]
     logprobs: dict[str, list[dict[int, Logprob]]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
     num_compiles: int = 0
+    draft_token_ids: dict[str, list[int]] = field(default_factory=dict)

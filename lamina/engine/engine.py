@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from lamina.config import EngineConfig
 from lamina.device import resolve_device, resolve_dtype
 from lamina.engine.defaults import fit_to_kv_capacity, log_scheduler_config, resolve_scheduler_config
-from lamina.engine.drafts import TokenArrays, propose_drafts
 from lamina.engine.input_processor import InputLimits, InputProcessor, PromptType
 from lamina.engine.output_processor import OutputProcessor
 from lamina.engine.request import Request, RequestStatus
 from lamina.engine.scheduler import Scheduler
+from lamina.engine.speculator import Speculator
 from lamina.engine.stats import SchedulerStats, StepStats
 from lamina.executor.base import Executor, StepFuture
 from lamina.executor.uniproc import UniProcExecutor
@@ -40,7 +40,6 @@ from lamina.loader.hf_config import load_generation_config, load_model_arch
 from lamina.loader.tokenizer import Tokenizer
 from lamina.outputs import RequestOutput
 from lamina.sampling_params import SamplingParams
-from lamina.spec.proposer import make_proposer
 from lamina.step import SchedulerOutput
 
 logger = logging.getLogger(__name__)
@@ -79,13 +78,14 @@ class LLMEngine:
         log_scheduler_config(sched, asked, device, usage)
         self.executor.compile_and_capture(sched.max_num_seqs)
         self.kv_manager = KVCacheManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
+        spec = config.speculative_config
         self.scheduler = Scheduler(sched, self.kv_manager, self.max_model_len)
+        self.speculator = None if spec is None else Speculator(spec, self.max_model_len, self.scheduler.stats.spec)
+        if self.speculator is not None:
+            self.scheduler.num_lookahead_tokens = self.speculator.num_lookahead_tokens
         limits = InputLimits(self.arch.vocab_size, self.max_model_len, model_config.max_logprobs)
         self.input_processor = InputProcessor(self.tokenizer, limits, self._eos_token_ids())
         self.output_processor = OutputProcessor(self.tokenizer)
-        spec = config.speculative_config
-        self.proposer = None if spec is None else make_proposer(spec)
-        self._draft_arrays = TokenArrays()  # the drafting requests' tokens as numpy arrays, for the proposer
         if spec is not None and config.async_scheduling:
             logger.info("speculative decoding (%s, k=%d): no step is launched ahead while drafting (drafts need "
                         "each step's tokens)", spec.method, spec.num_speculative_tokens)
@@ -155,12 +155,14 @@ class LLMEngine:
             if scheduled.is_empty and self.scheduler.has_unfinished_requests() and not self.scheduler.running:
                 raise EngineBrokenError("scheduler made no progress: no waiting request could be admitted into "
                                         "an empty engine (this is a bug; please report it)")
+            if self.speculator is not None:
+                self.speculator.before_step(scheduled, self._current)
             pending = self.executor.execute_model(scheduled)
         else:
             inflight, self._inflight = self._inflight, None
             scheduled, self._current, pending = inflight.scheduled, inflight.requests, inflight.pending
         # A step runs ahead only without speculation (drafts need this step's tokens) and without failed rows.
-        if self.config.async_scheduling and self.proposer is None and not pending.failed:
+        if self.config.async_scheduling and self.speculator is None and not pending.failed:
             ahead = self.scheduler.schedule_ahead(scheduled)
             if ahead is not None:
                 self._inflight = InflightStep(ahead, self._requests_of(ahead), self.executor.execute_model(ahead))
@@ -170,24 +172,14 @@ class LLMEngine:
         changed = self.scheduler.update_from_output(scheduled, result)
         changed += self._fail_siblings(changed)
         outputs = self.output_processor.process(changed, self._stop_string_found)
-        if self.proposer is not None:
-            self._propose(scheduled, time.perf_counter() - start)
+        if self.speculator is not None:
+            self.speculator.after_step(scheduled, result, self.scheduler.running, time.perf_counter() - start)
         if self._inflight is not None and all(r.is_finished for r in self._inflight.requests):
             self._inflight = None  # nothing left in it to wait for (its device work is stream-ordered)
         if self.step_log is not None:
             self.step_log.append(_step_stats(scheduled, launched_ahead, time.perf_counter() - start, waited,
                                              result.num_compiles))
         return outputs
-
-    def _propose(self, scheduled: SchedulerOutput, step_seconds: float) -> None:
-        """Drafts for the next step; the time of this step (when it verified drafts) and of drafting counted."""
-        spec, stats = self.config.speculative_config, self.scheduler.stats.spec
-        if scheduled.scheduled_spec_decode_tokens:
-            stats.verify_seconds += step_seconds
-        start = time.perf_counter()
-        propose_drafts(self.proposer, self.scheduler.running, spec.num_speculative_tokens, self.max_model_len,
-                       self._draft_arrays)
-        stats.draft_seconds += time.perf_counter() - start
 
     def _step_failed(self, err: Exception) -> list[RequestOutput]:
         """End the requests of the failed step (and of the step launched ahead) with the error; raise

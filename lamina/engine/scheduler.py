@@ -18,6 +18,7 @@ from lamina.engine.request import Request, RequestStatus
 from lamina.engine.stats import SchedulerStats
 from lamina.engine.step_message import StepMessages
 from lamina.kv.kv_manager import KVCacheManager
+from lamina.kv.types import PrefixMatch
 from lamina.step import ModelRunnerOutput, SchedulerOutput
 
 
@@ -26,6 +27,7 @@ class Scheduler:
         self.config = config
         self.kv = kv_manager
         self.max_model_len = max_model_len
+        self.num_lookahead_tokens = 0  # KV slots a worker-side proposer drafts into (set by the engine)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -40,8 +42,7 @@ class Scheduler:
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
-    def finish_request(self, request_id: str, status: RequestStatus,
-                       stop_reason: int | str | None = None) -> None:
+    def finish_request(self, request_id: str, status: RequestStatus, stop_reason: int | str | None = None) -> None:
         """End a request from outside the step loop (abort, or a stop string found by the detokenizer)."""
         request = self.requests.get(request_id)
         if request is None or request.is_finished:
@@ -88,7 +89,7 @@ class Scheduler:
                 i += 1
                 continue
             drafts.fit_to_budget(request, num_new)
-            while not self.kv.allocate_slots(request, num_new):
+            while not self._allocate(request, num_new):
                 if request.spec_token_ids:  # drafts are optional: drop them before preempting anyone
                     num_new -= drafts.drop(request)
                     continue
@@ -129,7 +130,7 @@ class Scheduler:
         else:
             num_computed = request.num_computed_tokens
         num_new = min(request.num_tokens - num_computed, budget)
-        if not self.kv.allocate_slots(request, num_new, prefix):
+        if not self._allocate(request, num_new, prefix):
             return 0
         request.num_computed_tokens = num_computed
         if request.metrics.first_scheduled_time is None:
@@ -139,6 +140,13 @@ class Scheduler:
         self.running.append(request)
         request.status = RequestStatus.RUNNING
         return num_new
+
+    def _allocate(self, request: Request, num_new: int, prefix: PrefixMatch | None = None) -> bool:
+        """Blocks for `num_new` tokens, and for the lookahead slots when they reach the request's end (optional)."""
+        base = request.num_computed_tokens if prefix is None else prefix.num_tokens
+        lookahead = self.num_lookahead_tokens if base + num_new >= request.num_tokens else 0
+        return (lookahead > 0 and self.kv.allocate_slots(request, num_new + lookahead, prefix)) or \
+            self.kv.allocate_slots(request, num_new, prefix)
 
     def _waits_for_parent(self, request: Request) -> bool:
         """Sample i > 0 of an n > 1 request starts once sample 0 has computed the prompt, to share it."""

@@ -9,10 +9,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from lamina.config import SpeculativeConfig
+import torch
+
+from lamina.config import ModelArch, SpeculativeConfig
+from lamina.spec.model_proposer import ModelProposer
 from lamina.spec.ngram import NgramProposer
 
-__all__ = ["Proposer", "make_proposer"]
+__all__ = ["Proposer", "make_proposer", "make_model_proposer"]
 
 
 @runtime_checkable
@@ -34,6 +37,24 @@ class Proposer(Protocol):
         ...
 
 
-def make_proposer(config: SpeculativeConfig) -> Proposer:
-    """The proposer of `config.method` (SpeculativeConfig validates the name; one file per method here)."""
+def make_proposer(config: SpeculativeConfig) -> Proposer | None:
+    """The engine-side proposer of `config.method`; None for the methods that run in the worker."""
+    if config.method != "ngram":
+        return None
     return NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max)
+
+
+def make_model_proposer(config: SpeculativeConfig, target: torch.nn.Module, arch: ModelArch, dtype: torch.dtype,
+                        device: torch.device, block_size: int, attention_backend: str) -> ModelProposer | None:
+    """The worker-side proposer of `config.method` (lamina/spec/model_proposer.py); None for n-gram. One file
+    per method here, imported only when used."""
+    if config.method == "draft_model":
+        from lamina.spec.draft_model import DraftModelProposer
+        return DraftModelProposer(config.model, arch, dtype, device, attention_backend)
+    if config.method == "medusa":
+        from lamina.spec.medusa import MedusaProposer
+        return MedusaProposer(config.model, target, device, dtype)
+    if config.method == "early_exit":
+        from lamina.spec.early_exit import EarlyExitProposer
+        return EarlyExitProposer(target, config.exit_layer, block_size)
+    return None

@@ -20,9 +20,10 @@ from lamina.layers.accept_drafts import accept_drafts
 from lamina.layers.sampler import Sampler, SamplerOutput, SamplingMetadata, uses_sampling_kernel
 from lamina.layers.sampling_metadata import min_tokens_mask, philox_keys
 from lamina.sampling_params import SamplingParams
-from lamina.step import SchedulerOutput
+from lamina.step import ModelRunnerOutput, SchedulerOutput
 from lamina.worker.batch_state import BatchState
 from lamina.worker.cuda_graphs import CudaGraphRunner
+from lamina.worker.drafter import Drafter
 from lamina.worker.input_batch import HostBatch, plan_batch, to_device
 from lamina.worker.pending_step import PendingStep, Verified
 from lamina.worker.penalty_state import PenaltyState
@@ -49,6 +50,7 @@ class ModelRunner:
         self._last: PendingStep | None = None  # the step launched last (a decode_ahead step reads its tokens)
         self.kernel_sampling = uses_sampling_kernel(device)  # the one place that picks the sampling path
         self.graphs: CudaGraphRunner | None = None  # set by the Worker when decode steps are captured
+        self.drafter: Drafter | None = None  # set by the Worker when a worker-side proposer drafts
 
     @torch.inference_mode()
     def execute_model(self, scheduled: SchedulerOutput) -> PendingStep:
@@ -58,10 +60,28 @@ class ModelRunner:
         pending.num_compiles = compile_counter.count() - compiles
         return pending
 
+    def _draft_after(self, pending: PendingStep, scheduled: SchedulerOutput, host: HostBatch,
+                     hidden: torch.Tensor) -> PendingStep:
+        """Let the drafter propose for `scheduled.draft_limits` once the step's tokens are read."""
+        if self.drafter is None or not scheduled.draft_limits or pending.on_result is None:
+            return pending
+        starts, row = {}, 0
+        for req_id, k in zip(host.sampling_req_ids, host.num_draft_tokens):
+            starts[req_id], row = row, row + k + 1
+        record, drafter = pending.on_result, self.drafter
+
+        def record_and_draft(output: ModelRunnerOutput) -> None:
+            record(output)
+            drafter.draft(scheduled.draft_limits, output, self.states, hidden, starts)
+        pending.on_result = record_and_draft
+        return pending
+
     def _execute(self, scheduled: SchedulerOutput) -> PendingStep:
         self.states.apply(scheduled)
         for request_id in scheduled.finished_req_ids:
             self._generators.pop(request_id, None)
+        if self.drafter is not None:
+            self.drafter.forget(scheduled.finished_req_ids + scheduled.preempted_req_ids)
         previous, self._last = self._last, None
         if scheduled.is_empty:
             return PendingStep([], None)
@@ -72,7 +92,7 @@ class ModelRunner:
             return PendingStep([], None)
         logits = self.model.compute_logits(hidden)
         if any(host.num_draft_tokens):
-            self._last = self._verify(logits, host)
+            self._last = self._draft_after(self._verify(logits, host), scheduled, host, hidden)
             return self._last
         req_ids, held = host.sampling_req_ids, self.states.requests
         params = [held[r].sampling_params for r in req_ids]
@@ -82,8 +102,8 @@ class ModelRunner:
         except Exception as err:  # noqa: BLE001 - one row's failure must not fail the batch
             if is_fatal(err):
                 raise
-            return self._sample_isolating(logits, req_ids, keys, err)
-        self._last = self._pending(req_ids, out)
+            return self._draft_after(self._sample_isolating(logits, req_ids, keys, err), scheduled, host, hidden)
+        self._last = self._draft_after(self._pending(req_ids, out), scheduled, host, hidden)
         return self._last
 
     def _verify(self, logits: torch.Tensor, host: HostBatch) -> PendingStep:

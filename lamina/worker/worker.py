@@ -22,7 +22,9 @@ from lamina.kv.cache import allocate_kv_caches, attention_layers, bind_kv_caches
 from lamina.loader.hf_config import check_model_len
 from lamina.loader.model_loader import load_model
 from lamina.step import SchedulerOutput
+from lamina.spec.proposer import make_model_proposer
 from lamina.worker.cuda_graphs import CudaGraphRunner, graph_decision
+from lamina.worker.drafter import Drafter
 from lamina.worker.kv_sizing import blocks_for_utilization, profile_peak_bytes
 from lamina.worker.model_runner import ModelRunner
 from lamina.worker.pending_step import PendingStep
@@ -43,6 +45,11 @@ class Worker:
                                 attention_backend=config.attention_backend)
         self.runner = ModelRunner(self.model, cache.block_size, arch.vocab_size, self.device,
                                   config.model_config.seed)
+        spec = config.speculative_config
+        self.proposer = None if spec is None else make_model_proposer(
+            spec, self.model, arch, self.dtype, self.device, cache.block_size, config.attention_backend)
+        if self.proposer is not None:
+            self.runner.drafter = Drafter(self.proposer, cache.block_size)
         self.num_blocks = 0  # set by initialize_cache
         self.max_model_len = 0
 
@@ -58,6 +65,8 @@ class Worker:
         check_model_len(self.arch, self.max_model_len)
         bind_kv_caches(self.model, allocate_kv_caches(self.arch, num_blocks, cache.block_size, self.dtype,
                                                       self.device))
+        if self.proposer is not None:
+            self.proposer.bind_cache(num_blocks, cache.block_size)
         logger.info("KV cache: %d blocks of %d tokens (%d tokens), max_model_len %d, %s on %s",
                     num_blocks, cache.block_size, self.kv_capacity_tokens, self.max_model_len,
                     self.dtype, self.device)
@@ -82,7 +91,7 @@ class Worker:
         if self.device.type == "cuda" and cache.kv_cache_memory_bytes is None:
             return self._num_kv_blocks_from_utilization()
         budget = cache.kv_cache_memory_bytes or DEFAULT_CPU_KV_BYTES
-        per_block = kv_cache_bytes_per_block(self.arch, cache.block_size, self.dtype)
+        per_block = self._kv_bytes_per_block()
         num_blocks = budget // per_block
         if num_blocks < 2:
             raise ValueError(f"kv_cache_memory_bytes: {budget} bytes hold {num_blocks} KV blocks of "
@@ -94,12 +103,18 @@ class Worker:
         peak = profile_peak_bytes(self.model, self.arch, sched.max_num_batched_tokens, sched.max_num_seqs,
                                   cache.block_size, self.dtype, self.device)
         total = torch.cuda.get_device_properties(self.device).total_memory
-        per_block = kv_cache_bytes_per_block(self.arch, cache.block_size, self.dtype)
+        per_block = self._kv_bytes_per_block()
         num_blocks = blocks_for_utilization(total, cache.gpu_memory_utilization, peak, per_block)
         logger.info("GPU memory: %.2f GiB total x %.2f utilization, %.2f GiB peak of weights + a %d-token "
                     "warm-up step -> %d KV blocks", total / 2**30, cache.gpu_memory_utilization, peak / 2**30,
                     sched.max_num_batched_tokens, num_blocks)
         return num_blocks
+
+    def _kv_bytes_per_block(self) -> int:
+        """The target's KV bytes per block, and the proposer's own (a draft model's) under the same block id."""
+        block_size = self.config.cache_config.block_size
+        own = self.proposer.kv_bytes_per_block(block_size) if self.proposer is not None else 0
+        return kv_cache_bytes_per_block(self.arch, block_size, self.dtype) + own
 
     def _capture_graphs(self, max_num_seqs: int) -> CudaGraphRunner | None:
         """Capture decode steps (and verify steps, when drafting) on CUDA with the Triton kernels (unless

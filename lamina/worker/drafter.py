@@ -1,0 +1,48 @@
+"""Drafter: runs a worker-side proposer (lamina/spec/model_proposer.py) once a step's tokens are known.
+
+    step t:  forward -> logits rows -> samples          hidden [S, H]: the rows that sample, request by request
+                                                         (k + 1 rows for a request that verified k drafts)
+    result:  tokens of request r = a + 1 (a accepted)   its newest token was sampled by row start_r + a
+             DraftRequest(tokens, block table, n)        n = min(draft_limits[r], lookahead its blocks cover)
+             proposer.propose(requests, hidden[rows])  -> ModelRunnerOutput.draft_token_ids
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from lamina.spec.model_proposer import DraftRequest, ModelProposer
+from lamina.step import ModelRunnerOutput
+from lamina.worker.batch_state import BatchState
+
+
+class Drafter:
+    def __init__(self, proposer: ModelProposer, block_size: int) -> None:
+        self.proposer = proposer
+        self.block_size = block_size
+
+    def forget(self, req_ids: Iterable[str]) -> None:
+        self.proposer.forget(req_ids)
+
+    @torch.inference_mode()
+    def draft(self, limits: dict[str, int], output: ModelRunnerOutput, states: BatchState, hidden: torch.Tensor,
+              row_starts: dict[str, int]) -> None:
+        """Put the drafts of the requests in `limits` that got tokens into `output.draft_token_ids`. `hidden`:
+        the step's sampling rows; `row_starts[r]`: request r's first row in it."""
+        requests, rows = [], []
+        for req_id, limit in limits.items():
+            tokens = output.sampled_token_ids.get(req_id)
+            if not tokens or req_id not in row_starts:
+                continue
+            state = states.requests[req_id]
+            covered = len(state.block_ids) * self.block_size - (state.num_tokens - 1)  # lookahead slots held
+            num_drafts = min(limit, covered)
+            if num_drafts > 0:
+                requests.append(DraftRequest(req_id, state.token_ids, state.block_ids, num_drafts))
+                rows.append(row_starts[req_id] + len(tokens) - 1)
+        if not requests:
+            return
+        index = torch.tensor(rows, dtype=torch.int64).to(hidden.device, non_blocking=True)
+        drafts = self.proposer.propose(requests, hidden.index_select(0, index))
+        output.draft_token_ids = {r.req_id: list(d) for r, d in zip(requests, drafts)}

@@ -1,0 +1,61 @@
+"""The worker-side proposers in the engine (draft model, early exit; Medusa in tests/spec/test_medusa.py's engine
+test): greedy output token-identical to no speculation under the prefix cache on and off, chunked prefill and
+preemption; the lookahead KV slots they draft into are held and freed with the request (check_integrity)."""
+from __future__ import annotations
+
+import pytest
+
+from lamina import LLM, SamplingParams
+from tests.helpers.tiny_models import make_tiny_model
+from tests.helpers.tiny_tokenizer import save_tiny_tokenizer
+
+PROMPTS = ["def f(x): return x + 1\ndef f(x): return", "a = [1, 2, 3", "print(", "x", "class A:\n    pass"]
+GREEDY = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    path = make_tiny_model("llama", tmp_path_factory.mktemp("target"), vocab_size=320, num_hidden_layers=3)
+    save_tiny_tokenizer(path, vocab_size=300)
+    return str(path)
+
+
+def _run(model_dir: str, spec: dict | None, **engine) -> tuple[list, LLM]:
+    engine = {"block_size": 4, "num_kv_blocks": 160, "max_model_len": 128, **engine}
+    llm = LLM(model=model_dir, speculative_config=spec, **engine)
+    outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    llm.engine.check_integrity()
+    return [o.outputs[0].token_ids for o in outputs], llm
+
+
+ENGINES = [{}, {"enable_prefix_caching": False}, {"max_num_batched_tokens": 8},
+           {"num_kv_blocks": 36, "max_num_batched_tokens": 16}]
+IDS = ["default", "no-prefix-cache", "chunked", "preemption"]
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=IDS)
+def test_draft_model_is_exact_and_accepted(model_dir: str, engine: dict) -> None:
+    """The target drafting for itself: every draft is accepted (greedy), and the output is unchanged."""
+    spec = {"method": "draft_model", "model": model_dir, "num_speculative_tokens": 3}
+    want, _ = _run(model_dir, None, **engine)
+    got, llm = _run(model_dir, spec, **engine)
+    assert got == want
+    stats = llm.engine.get_stats().spec
+    assert stats.num_draft_tokens > 50 and stats.num_accepted_tokens == stats.num_draft_tokens
+    if engine.get("num_kv_blocks") == 36:
+        assert llm.engine.get_stats().num_preemptions > 0
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=IDS)
+def test_early_exit_is_exact(model_dir: str, engine: dict) -> None:
+    want, _ = _run(model_dir, None, **engine)
+    got, llm = _run(model_dir, {"method": "early_exit", "exit_layer": 2, "num_speculative_tokens": 2}, **engine)
+    assert got == want
+    stats = llm.engine.get_stats().spec
+    assert stats.num_draft_tokens > 50 and 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+
+
+def test_a_draft_model_with_another_vocabulary_is_a_clear_error(model_dir: str, tmp_path) -> None:
+    other = make_tiny_model("llama", tmp_path / "other", vocab_size=256)
+    with pytest.raises(ValueError, match="speculative_config.model"):
+        LLM(model=model_dir, speculative_config={"method": "draft_model", "model": str(other)}, num_kv_blocks=64)
