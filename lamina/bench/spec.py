@@ -45,12 +45,24 @@ def spec_config(method: str, k: int, draft_model: str, medusa_model: str | None)
     return {"method": method, "num_speculative_tokens": k, **({"model": models[method]} if method in models else {})}
 
 
-def _counted(llm: LLM, run) -> tuple[int, float, SpecDecodeStats, SpecDecodeStats]:  # noqa: ANN001
-    """(tokens, seconds) of `run()`, with the engine's spec counters before and after it."""
+def _counted(llm: LLM, run) -> tuple[int, float, SpecDecodeStats, SpecDecodeStats, dict]:  # noqa: ANN001
+    """(tokens, seconds) of `run()`, the engine's spec counters before and after it, and its steps by kind."""
     before = llm.engine.get_stats().snapshot().spec
+    llm.engine.step_log = []
     start = time.perf_counter()
     tokens = run()
-    return tokens, time.perf_counter() - start, before, llm.engine.get_stats().snapshot().spec
+    seconds = time.perf_counter() - start
+    steps, llm.engine.step_log = llm.engine.step_log, None
+    return tokens, seconds, before, llm.engine.get_stats().snapshot().spec, _step_fields(steps)
+
+
+def _step_fields(steps: list) -> dict:
+    """Mean wall time per step of each kind (prefill, decode, verify), in ms, and how many."""
+    kinds: dict[str, list[float]] = {}
+    for step in steps:
+        kinds.setdefault(step.kind, []).append(step.seconds)
+    return {"step_ms": {kind: 1000 * sum(s) / len(s) for kind, s in kinds.items()},
+            "steps": {kind: len(s) for kind, s in kinds.items()}}
 
 
 def _spec_fields(before: SpecDecodeStats, after: SpecDecodeStats) -> dict:
@@ -72,9 +84,9 @@ def batch_one(llm: LLM, new_tokens: int, bar) -> list[dict]:  # noqa: ANN001
                 outs = [llm.generate([p], params, use_tqdm=False)[0].outputs[0] for p in prompts]
                 bar.update(sum(len(o.token_ids) for o in outs))
                 return sum(len(o.token_ids) for o in outs)
-            tokens, seconds, before, after = _counted(llm, run)
+            tokens, seconds, before, after, steps = _counted(llm, run)
             rows.append({"prompts": name, "temperature": temperature, "tok_s": tokens / seconds,
-                         **_spec_fields(before, after)})
+                         **_spec_fields(before, after), **steps})
     return rows
 
 
@@ -90,8 +102,8 @@ def throughput(llm: LLM, batch_sizes: list[int], new_tokens: int, bar) -> list[d
             outs = llm.generate(prompts, params, use_tqdm=False)
             bar.update(sum(len(o.outputs[0].token_ids) for o in outs))
             return sum(len(o.outputs[0].token_ids) for o in outs)
-        tokens, seconds, before, after = _counted(llm, run)
-        rows.append({"batch_size": size, "tok_s": tokens / seconds, **_spec_fields(before, after)})
+        tokens, seconds, before, after, steps = _counted(llm, run)
+        rows.append({"batch_size": size, "tok_s": tokens / seconds, **_spec_fields(before, after), **steps})
     return rows
 
 
@@ -134,17 +146,21 @@ def _device_name() -> str:
 def print_tables(report: dict) -> None:
     results = report["results"]
     off = results["off"]
-    print("batch 1: method  prompts  T    tok/s  speed-up  acceptance  tokens/verify")
+    print("batch 1: method  prompts  T    tok/s  speed-up  acceptance  tokens/verify  ms/step by kind")
     for label, result in results.items():
         for row, base in zip(result["batch_one"], off["batch_one"]):
             print(f"  {label:12s} {row['prompts']:6s} {row['temperature']:.1f} {row['tok_s']:9.1f} "
                   f"{row['tok_s'] / base['tok_s']:8.2f}x {row['acceptance_rate']:11.2f} "
-                  f"{row['tokens_per_verify_step']:14.2f}")
-    print("throughput: method  batch  tok/s  vs off  acceptance")
+                  f"{row['tokens_per_verify_step']:14.2f}  {_kinds(row)}")
+    print("throughput: method  batch  tok/s  vs off  acceptance  ms/step by kind")
     for label, result in results.items():
         for row, base in zip(result["throughput"], off["throughput"]):
             print(f"  {label:12s} {row['batch_size']:5d} {row['tok_s']:10.1f} {row['tok_s'] / base['tok_s']:7.2f}x "
-                  f"{row['acceptance_rate']:11.2f}")
+                  f"{row['acceptance_rate']:11.2f}  {_kinds(row)}")
+
+
+def _kinds(row: dict) -> str:
+    return " ".join(f"{kind} {ms:.2f}" for kind, ms in row["step_ms"].items())
 
 
 def _csv(text: str, cast) -> list:  # noqa: ANN001
