@@ -10,11 +10,13 @@ num_computed_tokens advances by 1 + a, not 1 + k, and those slots are written ag
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from lamina.engine.request import Request
+from lamina.engine.spec_policy import SpecPolicy
 from lamina.spec.proposer import Proposer
 
 
@@ -58,17 +60,46 @@ class TokenArrays:
             del self._arrays[request_id]
 
 
-def propose_drafts(proposer: Proposer, requests: list[Request], k: int, max_model_len: int,
-                   arrays: TokenArrays) -> None:
-    """Set the drafts of every running request that may have some (spec_token_ids; [] for the others)."""
-    limits = [max_drafts(r, k, max_model_len) for r in requests]
+def propose_drafts(proposer: Proposer, requests: list[Request], k: int, max_model_len: int, arrays: TokenArrays,
+                   policy: SpecPolicy | None = None, stats: SpecDecodeStats | None = None) -> None:
+    """Set the drafts of every running request that may have some (spec_token_ids; [] for the others).
+
+    Without a `policy` each request gets up to max_drafts. With one (adaptive speculation) max_drafts is the
+    hard cap: the policy first reads the verifies of the step just run, then picks each request's limit (all 0:
+    speculation is off this step); after proposing it keeps only the drafts that still pay (a proposer may find
+    fewer than asked). `stats` counts its choices."""
+    caps = [max_drafts(r, k, max_model_len) for r in requests]
+    limits, ids, base = caps, [r.request_id for r in requests], 0
+    if policy is not None:
+        base = _base_tokens(requests)
+        policy.observe_requests(requests)
+        limits = policy.draft_limits(ids, caps, base)
     asking = [i for i, n in enumerate(limits) if n > 0]
-    arrays.keep_only({requests[i].request_id for i in asking})
-    drafts = proposer.propose([arrays.of(requests[i]) for i in asking], [limits[i] for i in asking])
+    arrays.keep_only(set(ids))  # not only the asking: the policy switches requests on and off
+    start = time.perf_counter()
+    drafts = proposer.propose([arrays.of(requests[i]) for i in asking], [limits[i] for i in asking]) if asking else []
+    seconds = time.perf_counter() - start
     for request in requests:
         request.spec_token_ids = []
     for i, tokens in zip(asking, drafts):
         requests[i].spec_token_ids = list(tokens[:limits[i]])
+    if policy is None:
+        return
+    found = [len(r.spec_token_ids) for r in requests]
+    kept = found
+    if asking:
+        policy.observe_drafting(len(asking), seconds)
+        kept = policy.draft_limits(ids, found, base, drafting_cost=False)
+        for request, keep, num in zip(requests, kept, found):
+            if keep < num:
+                request.spec_token_ids = request.spec_token_ids[:keep]
+    if stats is not None:
+        stats.record_policy(caps, limits, found, kept)
+
+
+def _base_tokens(requests: list[Request]) -> int:
+    """The next step's tokens without drafts: one a decoding request, the rest of the prompt of the others."""
+    return sum(max(1, r.num_tokens - r.num_computed_tokens) for r in requests)
 
 
 def fit_to_budget(request: Request, num_new: int) -> None:
@@ -107,6 +138,12 @@ class SpecDecodeStats:
     accepted_per_pos: list[int] = field(default_factory=list)  # [j]: drafts accepted at position j
     draft_seconds: float = 0.0  # host time spent proposing drafts
     verify_seconds: float = 0.0  # wall time of the engine steps that verified drafts
+    # adaptive speculation (SpecPolicy), over the steps where some request could draft:
+    policy_steps: int = 0
+    policy_off_steps: int = 0  # of which the policy left every request without drafts
+    policy_eligible: int = 0  # requests that could draft, summed over those steps
+    policy_limit_tokens: int = 0  # drafts the policy allowed them, summed
+    policy_cut_tokens: int = 0  # drafts proposed, then dropped because they no longer paid
 
     def record(self, num_drafts: int, num_accepted: int) -> None:
         self.num_drafts += 1
@@ -116,6 +153,22 @@ class SpecDecodeStats:
             self.accepted_per_pos += [0] * (num_drafts - len(self.accepted_per_pos))
         for j in range(num_accepted):
             self.accepted_per_pos[j] += 1
+
+    def record_policy(self, caps: list[int], limits: list[int], found: list[int], kept: list[int]) -> None:
+        """One step of the policy: each request's cap, the limit it chose, the drafts found and those kept."""
+        eligible = sum(c > 0 for c in caps)
+        if not eligible:
+            return
+        self.policy_steps += 1
+        self.policy_off_steps += not any(kept) and (not any(limits) or any(found))
+        self.policy_eligible += eligible
+        self.policy_limit_tokens += sum(limits)
+        self.policy_cut_tokens += sum(found) - sum(kept)
+
+    @property
+    def mean_draft_limit(self) -> float:
+        """Drafts the policy allowed a request that could draft, on average (k when it always allows all)."""
+        return self.policy_limit_tokens / self.policy_eligible if self.policy_eligible else 0.0
 
     @property
     def acceptance_rate(self) -> float:

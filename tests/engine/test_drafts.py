@@ -77,3 +77,16 @@ def test_token_arrays_follow_the_requests_tokens() -> None:
     assert arrays.of(request).tolist() == request.all_token_ids == [1, 2, 3, 7, 0]
     arrays.keep_only(set())
     assert arrays._arrays == {}
+
+
+def test_propose_drafts_without_a_policy_gives_every_request_up_to_max_drafts() -> None:
+    class Echo:  # drafts 9s, as many as allowed
+        def propose(self, token_ids, max_drafts):
+            return [[9] * m for m in max_drafts]
+    requests = [decoding(max_tokens=100), decoding(max_tokens=5), decoding(presence_penalty=0.5)]
+    for i, request in enumerate(requests):
+        request.request_id = f"r{i}"
+    arrays = drafts.TokenArrays()
+    drafts.propose_drafts(Echo(), requests, 3, 100, arrays)
+    assert [r.spec_token_ids for r in requests] == [[9, 9, 9], [9, 9], []]
+    assert set(arrays._arrays) == {"r0", "r1"}  # kept for every running request, made for those asked

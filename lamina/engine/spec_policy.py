@@ -1,0 +1,299 @@
+"""Adaptive speculation (issue #12): how many drafts each request gets in the next step, chosen from a measured
+cost model of the step and each request's running acceptance rate, so that speculating is never slower (in
+expectation) than not speculating.
+
+    expected tokens/s of a step = (n + sum_i E(alpha_i, k_i)) / (cost(T) + c_draft * #{i : k_i > 0})
+
+    n            requests in the step (each samples one token without drafts)
+    E(alpha, k)  accepted drafts out of k: alpha + alpha^2 + .. + alpha^k, where alpha is the chance that draft j
+                 is accepted given that drafts 0..j-1 were (one alpha per request, the same at every position)
+    T            tokens the device computes: base + sum_i k_i when eager; rows * q under a CUDA graph, q being
+                 the captured query length that holds 1 + max_i k_i (a graph pads every row to q)
+    cost(T)      StepCostModel: measured wall time of steps without prompt tokens
+    c_draft      measured host time of the proposer, per request asked
+
+Eager steps: the drafts are ranked by their marginal gain alpha_i^j and the best prefix of that ranking is
+taken. Graph steps: the best common depth d (every request drafts min(d, cap_i)). Either way the answer is
+"no drafts" unless it beats no drafts by `min_gain`: speculation is then off for the step.
+
+Exploration: evidence decays by `decay` a step, so the estimate of a request that stopped drafting drifts back
+to the prior (the engine-wide rate, which itself drifts back to `prior_alpha` while nobody drafts); the request
+drafts again once the prior says it pays at the step's cost, and the new measurement decides. The cost model
+answers a bucket's minimum until it has `min_samples` steps, so an unlucky slow step is measured again.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from lamina.engine.request import Request
+from lamina.step import SchedulerOutput
+
+__all__ = ["SpecPolicy", "StepCostModel", "expected_accepted"]
+
+
+def expected_accepted(alpha: float, k: int) -> float:
+    """E[accepted drafts] of k drafts, each accepted with probability alpha given that the ones before it were."""
+    return sum(alpha ** j for j in range(1, k + 1))
+
+
+def _bucket(num_tokens: int) -> int:
+    """Exact up to 16 tokens, then 8 buckets per doubling (about 9 % wide)."""
+    return num_tokens if num_tokens <= 16 else 17 + int(8 * math.log2(num_tokens / 16))
+
+
+def _isotonic(values: list[float], weights: list[int]) -> list[float]:
+    """The non-decreasing sequence nearest `values` in weighted least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, weight, length]
+    for value, weight in zip(values, weights):
+        blocks.append([value, weight, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            mean, weight_, length = blocks.pop()
+            prev = blocks[-1]
+            total = prev[1] + weight_
+            blocks[-1] = [(prev[0] * prev[1] + mean * weight_) / total, total, prev[2] + length]
+    return [mean for mean, _, length in blocks for _ in range(int(length))]
+
+
+class StepCostModel:
+    """Wall time of a step as a function of the tokens it computes, calibrated from measured steps.
+
+    A step falls in a token-count bucket; a bucket keeps its last `window` steps and stands for the point
+    (median tokens, median seconds), or (median tokens, min seconds) while it has fewer than `min_samples`.
+    The points are made non-decreasing (isotonic) and joined linearly. Where there are none:
+
+        no point at all      1.0 s at every count: drafts look free, so the first verify steps get measured
+        below the first x0   y0 * T / x0, proportional: the base step looks cheap, so it gets measured
+        above the last xm    ym + s * (T - xm), s the slope from the point nearest xm / 2 (0 with one point),
+                             clamped to [0, ym / xm]: optimistic, so speculating there gets measured
+    """
+
+    def __init__(self, window: int = 16, min_samples: int = 3) -> None:
+        self.window, self.min_samples = window, min_samples
+        self._buckets: dict[int, deque[tuple[int, float]]] = {}
+        self._points: dict[int, tuple[float, float, int]] = {}  # bucket -> (tokens, seconds, steps), when clean
+        self._curve: tuple[np.ndarray, np.ndarray] | None = None
+
+    def observe(self, num_tokens: int, seconds: float) -> None:
+        if num_tokens <= 0 or not math.isfinite(seconds) or seconds <= 0:
+            return
+        bucket = _bucket(num_tokens)
+        self._buckets.setdefault(bucket, deque(maxlen=self.window)).append((num_tokens, seconds))
+        self._points.pop(bucket, None)
+        self._curve = None
+
+    def seed(self, points: Iterable[tuple[int, float]]) -> None:
+        """Steps timed at start-up, (tokens, seconds): each counts as `min_samples` measured steps."""
+        for num_tokens, seconds in points:
+            for _ in range(self.min_samples):
+                self.observe(num_tokens, seconds)
+
+    def points(self) -> tuple[np.ndarray, np.ndarray]:
+        """The curve's (tokens, seconds) points, tokens increasing, seconds non-decreasing."""
+        if self._curve is None:
+            for bucket in self._buckets.keys() - self._points.keys():
+                steps = self._buckets[bucket]
+                seconds = sorted(x for _, x in steps)
+                y = seconds[len(seconds) // 2] if len(steps) >= self.min_samples else seconds[0]
+                self._points[bucket] = (sorted(t for t, _ in steps)[len(steps) // 2], y, len(steps))
+            points = [self._points[b] for b in sorted(self._points)]
+            self._curve = (np.array([x for x, _, _ in points], dtype=np.float64),
+                           np.array(_isotonic([y for _, y, _ in points], [n for _, _, n in points])))
+        return self._curve
+
+    def cost(self, num_tokens: int | np.ndarray) -> np.ndarray:
+        """Estimated seconds of a step of `num_tokens` tokens (elementwise)."""
+        xs, ys = self.points()
+        tokens = np.asarray(num_tokens, dtype=np.float64)
+        if not len(xs):
+            return np.ones_like(tokens)
+        out = np.interp(tokens, xs, ys)
+        out = np.where(tokens < xs[0], ys[0] * tokens / xs[0], out)
+        anchor = max(int(np.searchsorted(xs, xs[-1] / 2, side="right")) - 1, 0)
+        slope = (ys[-1] - ys[anchor]) / (xs[-1] - xs[anchor]) if anchor < len(xs) - 1 else 0.0
+        slope = min(max(slope, 0.0), ys[-1] / xs[-1])
+        return np.where(tokens > xs[-1], ys[-1] + slope * (tokens - xs[-1]), out)
+
+
+class SpecPolicy:
+    """How many drafts each request gets in the next step (see the module docstring). Feed it after every step:
+    observe_scheduled (or observe_step), and, through propose_drafts (engine/drafts.py), observe_requests
+    (acceptance, read from each request's draft counters) and observe_drafting (the proposer's host time).
+
+    graph_query_lens / graph_max_rows: the query lengths captured in CUDA graphs and the largest graph batch
+    (() / 0: every step eager). max_step_tokens caps the base tokens (the scheduler's token budget)."""
+
+    def __init__(self, cost: StepCostModel | None = None, graph_query_lens: Sequence[int] = (),
+                 graph_max_rows: int = 0, max_step_tokens: int | None = None, prior_alpha: float = 0.5,
+                 prior_weight: float = 2.0, decay: float = 0.98, min_gain: float = 0.02) -> None:
+        self.cost = StepCostModel() if cost is None else cost
+        self.graph_query_lens, self.graph_max_rows = sorted(graph_query_lens), graph_max_rows
+        self.max_step_tokens = max_step_tokens
+        self.prior_alpha, self.prior_weight, self.decay, self.min_gain = prior_alpha, prior_weight, decay, min_gain
+        self.steps = 0  # observe_requests calls: the clock of the decay
+        self._slot: dict[str, int] = {}  # request id -> its row of _counts
+        self._counts = np.zeros((64, 3))  # row: [accepted, trials, step of the last update], decayed lazily
+        self._free = list(range(63, -1, -1))
+        self._global = [0.0, 0.0, 0.0]
+        self._seen: dict[str, tuple[int, int]] = {}  # request id -> (draft tokens, accepted) last read
+        self._draft_seconds = 0.0  # proposer host time per request asked (EMA)
+
+    def prior(self) -> float:
+        """The engine-wide acceptance rate: a new request's estimate."""
+        factor, weight = self.decay ** (self.steps - self._global[2]), 4 * self.prior_weight
+        return (self._global[0] * factor + weight * self.prior_alpha) / (self._global[1] * factor + weight)
+
+    def alphas(self, request_ids: Sequence[str]) -> np.ndarray:
+        """The requests' acceptance rates: decayed counts with `prior_weight` pseudo-trials at the prior."""
+        slots = np.fromiter((self._slot.get(r, -1) for r in request_ids), np.int64, len(request_ids))
+        rows = np.where(slots[:, None] >= 0, self._counts[slots], 0.0)
+        factor = self.decay ** (self.steps - rows[:, 2])
+        weight = self.prior_weight
+        return (rows[:, 0] * factor + weight * self.prior()) / (rows[:, 1] * factor + weight)
+
+    def alpha(self, request_id: str) -> float:
+        """One request's acceptance rate (the prior when it has no verify yet)."""
+        return float(self.alphas([request_id])[0])
+
+    def observe_verify(self, request_id: str, num_drafts: int, num_accepted: int) -> None:
+        """One verify: see observe_verifies."""
+        self.observe_verifies([request_id], [num_drafts], [num_accepted])
+
+    def observe_verifies(self, request_ids: Sequence[str], num_drafts: Sequence[int],
+                         num_accepted: Sequence[int]) -> None:
+        """Verifies (one a request) of num_drafts[i] drafts that accepted the first num_accepted[i]: that many
+        successes and, when one was rejected, one failure (the drafts after it were never tried)."""
+        drafted = np.asarray(num_drafts, dtype=np.int64)
+        accepted = np.clip(np.asarray(num_accepted, dtype=np.int64), 0, drafted)
+        trials = accepted + (accepted < drafted)
+        keep = drafted > 0
+        slots = np.fromiter((self._slot[r] if r in self._slot else self._new_slot(r)
+                             for r, k in zip(request_ids, keep) if k), np.int64)
+        rows = self._counts[slots]
+        factor = self.decay ** (self.steps - rows[:, 2])
+        self._counts[slots, 0] = rows[:, 0] * factor + accepted[keep]
+        self._counts[slots, 1] = rows[:, 1] * factor + trials[keep]
+        self._counts[slots, 2] = self.steps
+        factor = self.decay ** (self.steps - self._global[2])
+        self._global = [self._global[0] * factor + accepted[keep].sum(),
+                        self._global[1] * factor + trials[keep].sum(), self.steps]
+
+    def _new_slot(self, request_id: str) -> int:
+        if not self._free:
+            size = len(self._counts)
+            self._counts = np.concatenate([self._counts, np.zeros((size, 3))])
+            self._free = list(range(2 * size - 1, size - 1, -1))
+        slot = self._slot[request_id] = self._free.pop()
+        self._counts[slot] = 0.0, 0.0, self.steps
+        return slot
+
+    def observe_requests(self, requests: Sequence[Request]) -> None:
+        """Once a step, with the running requests: advance the clock, read each one's verify since the last
+        call from its counters (a request verifies at most once a step), forget the others."""
+        self.steps += 1
+        seen: dict[str, tuple[int, int]] = {}
+        verified: tuple[list[str], list[int], list[int]] = ([], [], [])
+        for request in requests:
+            request_id, metrics = request.request_id, request.metrics
+            drafted, accepted = seen[request_id] = metrics.num_draft_tokens, metrics.num_accepted_tokens
+            before = self._seen.get(request_id)
+            if before is not None and drafted > before[0]:
+                for column, value in zip(verified, (request_id, drafted - before[0], accepted - before[1])):
+                    column.append(value)
+        self._seen = seen
+        if verified[0]:
+            self.observe_verifies(*verified)
+        for request_id in [r for r in self._slot if r not in seen]:
+            self.forget(request_id)
+
+    def forget(self, request_id: str) -> None:
+        """Drop a request's estimate (finished, or preempted: it starts again from the prior)."""
+        slot = self._slot.pop(request_id, None)
+        if slot is not None:
+            self._free.append(slot)
+        self._seen.pop(request_id, None)
+
+    def observe_step(self, num_tokens: int, seconds: float, has_prompt: bool = False) -> None:
+        """A step's tokens (as step_tokens counts them) and wall time; steps with prompt tokens are left out."""
+        if not has_prompt:
+            self.cost.observe(num_tokens, seconds)
+
+    def observe_scheduled(self, scheduled: SchedulerOutput, seconds: float) -> None:
+        """observe_step for a scheduler output: its tokens as the device computes them, prompt or not."""
+        counts = list(scheduled.num_scheduled_tokens.values())
+        drafts = scheduled.scheduled_spec_decode_tokens
+        has_prompt = any(n > 1 + len(drafts.get(r, ())) for r, n in scheduled.num_scheduled_tokens.items())
+        self.observe_step(self.step_tokens(counts), seconds, has_prompt)
+
+    def observe_drafting(self, num_requests: int, seconds: float) -> None:
+        """The proposer's host time for `num_requests` requests (c_draft: an EMA per request)."""
+        if num_requests > 0:
+            old, new = self._draft_seconds, seconds / num_requests
+            self._draft_seconds = 0.9 * old + 0.1 * new if old else new
+
+    def step_tokens(self, num_scheduled: Sequence[int]) -> int:
+        """The tokens a step costs: rows * q under a CUDA graph (q holds the longest row), else their sum."""
+        q = self._graph_q(len(num_scheduled), max(num_scheduled, default=0))
+        return len(num_scheduled) * q if q else sum(num_scheduled)
+
+    def _graph_q(self, rows: int, longest: int) -> int:
+        if rows > self.graph_max_rows:
+            return 0
+        return next((q for q in self.graph_query_lens if q >= longest), 0)
+
+    def draft_limits(self, request_ids: Sequence[str], caps: Sequence[int], base_tokens: int | None = None,
+                     drafting_cost: bool = True) -> list[int]:
+        """Drafts for each request in [0, caps[i]] that maximise the step's expected tokens/s, all 0 unless
+        that beats no drafts by min_gain. base_tokens: the step's tokens without drafts (default: one a
+        request). drafting_cost=False when the drafts are proposed already (their host time is spent)."""
+        n = len(request_ids)
+        caps_ = np.asarray(caps, dtype=np.int64).reshape(n)
+        eligible = np.flatnonzero(caps_ > 0)
+        limits = np.zeros(n, dtype=np.int64)
+        if not len(eligible):
+            return limits.tolist()
+        base = n if base_tokens is None else max(int(base_tokens), n)
+        base = base if self.max_step_tokens is None else max(min(base, self.max_step_tokens), 1)
+        alphas = self.alphas([request_ids[i] for i in eligible])
+        sub = caps_[eligible]
+        depth = np.arange(1, int(sub.max()) + 1)
+        allowed = depth[None, :] <= sub[:, None]
+        gains = np.where(allowed, alphas[:, None] ** depth[None, :], 0.0)
+        draft_s = self._draft_seconds if drafting_cost else 0.0
+        bar = (1 + self.min_gain) * n / float(self.cost.cost(base))
+        if base == n and self._graph_q(n, 1):
+            limits[eligible] = self._uniform(gains, sub, n, draft_s, bar)
+        else:
+            limits[eligible] = self._greedy(gains, allowed, n, base, draft_s, bar)
+        return limits.tolist()
+
+    def _uniform(self, gains: np.ndarray, caps: np.ndarray, n: int, draft_s: float, bar: float) -> np.ndarray:
+        """Graph steps: every row is padded to q, so the choice is a common depth d (rows draft min(d, cap))."""
+        expected = np.cumsum(gains, axis=1).sum(axis=0)  # [d - 1]: accepted drafts at depth d
+        best, best_d = bar, 0
+        for d in range(1, len(expected) + 1):
+            q = self._graph_q(n, 1 + d)
+            if not q:
+                break
+            tps = (n + expected[d - 1]) / (float(self.cost.cost(n * q)) + draft_s * len(caps))
+            if tps > best:
+                best, best_d = tps, d
+        return np.minimum(caps, best_d)
+
+    def _greedy(self, gains: np.ndarray, allowed: np.ndarray, n: int, base: int, draft_s: float,
+                bar: float) -> np.ndarray:
+        """Eager steps: drafts ranked by marginal gain alpha_i^j (a request's j-th after its (j-1)-th), the best
+        prefix of the ranking taken."""
+        rows, cols = np.nonzero(allowed)
+        gain = gains[rows, cols]
+        order = np.lexsort((cols, -gain))
+        rows, cols, gain = rows[order], cols[order], gain[order]
+        seconds = self.cost.cost(base + np.arange(1, len(gain) + 1)) + draft_s * np.cumsum(cols == 0)
+        tps = (n + np.cumsum(gain)) / seconds
+        best = int(np.argmax(tps))
+        if tps[best] <= bar:
+            return np.zeros(len(allowed), dtype=np.int64)
+        return np.bincount(rows[:best + 1], minlength=len(allowed))
