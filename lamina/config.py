@@ -121,6 +121,9 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     model: str | None = None  # draft_model / medusa: the checkpoint directory
     exit_layer: int | None = None  # early_exit: layers that draft (None: a third of the target's, at least 1)
+    # True: each step, each request drafts as many tokens as pay off by the measured step costs and its acceptance
+    # (lamina/engine/spec_policy.py), none when verifying costs more than it saves; False: always up to k
+    adaptive: bool = True
 
     def __post_init__(self) -> None:
         _require(self.method in SPEC_METHODS, "method",
@@ -137,6 +140,7 @@ class SpeculativeConfig:
                  f"a checkpoint directory is needed by {MODEL_SPEC_METHODS} and by no other method "
                  f"(method {self.method!r}), got {self.model!r}")
         _require(self.model is None or isinstance(self.model, str), "model", f"must be a path, got {self.model!r}")
+        _require(isinstance(self.adaptive, bool), "adaptive", f"must be true or false, got {self.adaptive!r}")
         exit_layer = self.exit_layer
         _require(exit_layer is None or (self.method == "early_exit" and _is_int(exit_layer) and exit_layer >= 1),
                  "exit_layer", f"must be None, or an integer >= 1 with method 'early_exit', got {exit_layer!r}")

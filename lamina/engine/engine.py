@@ -30,7 +30,7 @@ from lamina.engine.input_processor import InputLimits, InputProcessor, PromptTyp
 from lamina.engine.output_processor import OutputProcessor
 from lamina.engine.request import Request, RequestStatus
 from lamina.engine.scheduler import Scheduler
-from lamina.engine.speculator import Speculator
+from lamina.engine.speculator import Speculator, make_policy
 from lamina.engine.stats import SchedulerStats, StepStats
 from lamina.executor.base import Executor, StepFuture
 from lamina.executor.uniproc import UniProcExecutor
@@ -80,7 +80,8 @@ class LLMEngine:
         self.kv_manager = KVCacheManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
         spec = config.speculative_config
         self.scheduler = Scheduler(sched, self.kv_manager, self.max_model_len)
-        self.speculator = None if spec is None else Speculator(spec, self.max_model_len, self.scheduler.stats.spec)
+        self.speculator = None if spec is None else Speculator(spec, self.max_model_len, self.scheduler.stats.spec,
+                                                                make_policy(spec, config, device))
         if self.speculator is not None:
             self.scheduler.num_lookahead_tokens = self.speculator.num_lookahead_tokens
         limits = InputLimits(self.arch.vocab_size, self.max_model_len, model_config.max_logprobs)

@@ -11,19 +11,24 @@ from __future__ import annotations
 
 import time
 
-from lamina.config import SpeculativeConfig
+import torch
+
+from lamina.config import EngineConfig, SpeculativeConfig
 from lamina.engine.drafts import SpecDecodeStats, TokenArrays, max_drafts, propose_drafts
 from lamina.engine.request import Request
+from lamina.engine.spec_policy import SpecPolicy
 from lamina.spec.proposer import make_proposer
 from lamina.step import ModelRunnerOutput, SchedulerOutput
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig, max_model_len: int, stats: SpecDecodeStats) -> None:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int, stats: SpecDecodeStats,
+                 policy: SpecPolicy | None = None) -> None:
         self.config = config
         self.k = config.num_speculative_tokens
         self.max_model_len = max_model_len
         self.stats = stats
+        self.policy = policy  # None: every request that may draft gets up to k drafts
         self.proposer = make_proposer(config)  # None: the worker drafts
         self._arrays = TokenArrays()  # the drafting requests' tokens as numpy arrays, for the n-gram proposer
 
@@ -36,26 +41,51 @@ class Speculator:
         """Ask the worker for drafts of the requests whose scheduled range reaches their end."""
         if self.proposer is not None:
             return
-        for request in requests:
-            num_new = scheduled.num_scheduled_tokens[request.request_id]
-            if request.num_computed_tokens + num_new >= request.num_tokens:
-                limit = _limit_after_one_more(request, self.k, self.max_model_len)
-                if limit:
-                    scheduled.draft_limits[request.request_id] = limit
+        ids = [r.request_id for r in requests]
+        caps = [_limit_after_one_more(r, self.k, self.max_model_len)
+                if r.num_computed_tokens + scheduled.num_scheduled_tokens[r.request_id] >= r.num_tokens else 0
+                for r in requests]
+        if self.policy is not None:
+            caps = self.policy.draft_limits(ids, caps)
+        scheduled.draft_limits.update((request_id, limit) for request_id, limit in zip(ids, caps) if limit)
 
     def after_step(self, scheduled: SchedulerOutput, result: ModelRunnerOutput, running: list[Request],
                    step_seconds: float) -> None:
         """Set the drafts of the next step (request.spec_token_ids); count the time of drafting and verifying."""
         if scheduled.scheduled_spec_decode_tokens:
             self.stats.verify_seconds += step_seconds
+        if self.policy is not None and not result.num_compiles:  # a step that compiled kernels is no cost sample
+            self.policy.observe_scheduled(scheduled, step_seconds)
         start = time.perf_counter()
         if self.proposer is not None:
-            propose_drafts(self.proposer, running, self.k, self.max_model_len, self._arrays)
+            propose_drafts(self.proposer, running, self.k, self.max_model_len, self._arrays, self.policy, self.stats)
         else:
-            for request in running:
-                proposed = result.draft_token_ids.get(request.request_id, [])
-                request.spec_token_ids = proposed[:max_drafts(request, self.k, self.max_model_len)]
+            self._take_worker_drafts(result, running)
         self.stats.draft_seconds += time.perf_counter() - start
+
+    def _take_worker_drafts(self, result: ModelRunnerOutput, running: list[Request]) -> None:
+        """The worker's drafts, cut to max_drafts and to what still pays (the policy, with the drafts found)."""
+        if self.policy is not None:
+            self.policy.observe_requests(running)
+        for request in running:
+            proposed = result.draft_token_ids.get(request.request_id, [])
+            request.spec_token_ids = proposed[:max_drafts(request, self.k, self.max_model_len)]
+        if self.policy is not None and any(r.spec_token_ids for r in running):
+            kept = self.policy.draft_limits([r.request_id for r in running], [len(r.spec_token_ids) for r in running],
+                                            drafting_cost=False)
+            for request, keep in zip(running, kept):
+                del request.spec_token_ids[keep:]
+
+
+def make_policy(spec: SpeculativeConfig, config: EngineConfig, device: torch.device) -> SpecPolicy | None:
+    """The adaptive policy (spec.adaptive), told the shapes of the verify steps the worker captures."""
+    if not spec.adaptive:
+        return None
+    sched = config.scheduler_config
+    graphs = device.type == "cuda" and not config.enforce_eager  # the worker's graph_decision, roughly
+    return SpecPolicy(graph_query_lens=(1, 1 + spec.num_speculative_tokens) if graphs else (),
+                      graph_max_rows=min(config.cuda_graph_max_batch_size, sched.max_num_seqs) if graphs else 0,
+                      max_step_tokens=sched.max_num_batched_tokens)
 
 
 def _limit_after_one_more(request: Request, k: int, max_model_len: int) -> int:

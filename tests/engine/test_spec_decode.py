@@ -12,7 +12,7 @@ from tests.helpers.tiny_tokenizer import save_tiny_tokenizer
 # Repetitive prompts, so that prompt lookup finds drafts (a tiny random model also repeats itself).
 PROMPTS = ["def f(x): return x + 1\ndef f(x): return", "a = [1, 2, 3, 1, 2, 3, 1, 2", "print(", "x",
            "for i in range(3):\n    for i in range(", "class A:\n    pass\nclass B:\n    pass\nclass"]
-SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "adaptive": False}  # drafts always
 
 
 @pytest.fixture(scope="module")
@@ -171,4 +171,17 @@ def test_a_failing_row_of_a_verify_step_fails_its_request_only(model_dir: str) -
     assert out[1].outputs[0].token_ids == want[1]
     runner.sampler = sampler
     assert llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)[0].outputs[0].token_ids == want[0]  # goes on
+    llm.engine.check_integrity()
+
+
+def test_the_adaptive_default_is_exact_and_decides_every_step(model_dir: str) -> None:
+    """adaptive=True (the default): the policy picks the drafts each step from measured step times; whatever
+    it picks, greedy output is unchanged."""
+    want = run(model_dir, GREEDY, False)
+    llm = LLM(model=model_dir, speculative_config={"method": "ngram", "prompt_lookup_max": 3}, block_size=4,
+              num_kv_blocks=200, max_model_len=128)
+    got = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert [[(c.token_ids, c.text, c.finish_reason, c.stop_reason) for c in o.outputs] for o in got] == want
+    spec = llm.engine.get_stats().spec
+    assert spec.policy_steps > 0 and spec.policy_eligible >= spec.policy_steps
     llm.engine.check_integrity()

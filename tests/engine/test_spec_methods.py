@@ -36,7 +36,7 @@ IDS = ["default", "no-prefix-cache", "chunked", "preemption"]
 @pytest.mark.parametrize("engine", ENGINES, ids=IDS)
 def test_draft_model_is_exact_and_accepted(model_dir: str, engine: dict) -> None:
     """The target drafting for itself: every draft is accepted (greedy), and the output is unchanged."""
-    spec = {"method": "draft_model", "model": model_dir, "num_speculative_tokens": 3}
+    spec = {"method": "draft_model", "model": model_dir, "num_speculative_tokens": 3, "adaptive": False}
     want, _ = _run(model_dir, None, **engine)
     got, llm = _run(model_dir, spec, **engine)
     assert got == want
@@ -49,7 +49,8 @@ def test_draft_model_is_exact_and_accepted(model_dir: str, engine: dict) -> None
 @pytest.mark.parametrize("engine", ENGINES, ids=IDS)
 def test_early_exit_is_exact(model_dir: str, engine: dict) -> None:
     want, _ = _run(model_dir, None, **engine)
-    got, llm = _run(model_dir, {"method": "early_exit", "exit_layer": 2, "num_speculative_tokens": 2}, **engine)
+    got, llm = _run(model_dir, {"method": "early_exit", "exit_layer": 2, "num_speculative_tokens": 2,
+                                           "adaptive": False}, **engine)
     assert got == want
     stats = llm.engine.get_stats().spec
     assert stats.num_draft_tokens > 50 and 0 < stats.num_accepted_tokens < stats.num_draft_tokens

@@ -148,7 +148,8 @@ def test_replayed_steps_with_one_token_prompt_chunks_equal_eager(model_dir: str)
 def test_replayed_verify_steps_equal_eager(model_dir: str) -> None:
     """With drafts, steps of up to 1 + k tokens a row replay the verify graphs (q = 4) and give the eager
     tokens; plain decode steps still replay the q = 1 graphs."""
-    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2,
+            "adaptive": False}
     prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [7, 8, 9, 10, 7, 8], [(5 * j) % 64 + 1 for j in range(11)]]
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (14, 9, 12)]
     inputs = [{"prompt_token_ids": p} for p in prompts]
