@@ -16,7 +16,6 @@ import torch
 from lamina.attention.metadata import set_attention_metadata
 from lamina.failures import is_fatal
 from lamina.kernels import compile_counter
-from lamina.layers.accept_drafts import accept_drafts
 from lamina.layers.sampler import Sampler, SamplerOutput, SamplingMetadata, uses_sampling_kernel
 from lamina.layers.sampling_metadata import min_tokens_mask, philox_keys
 from lamina.sampling_params import SamplingParams
@@ -131,23 +130,21 @@ class ModelRunner:
     def _verify_drafts(self, logits: torch.Tensor, spec: list[str], num_drafts: list[int], draft_ids: list[int],
                        positions: list[int]) -> tuple[Verified | None, dict[str, str]]:
         """The drafting requests' tokens: every one of their k + 1 rows is sampled as any row is (keyed by its own
-        position), and a request keeps its drafts while they equal its samples, then one sample more
-        (lamina.layers.accept_drafts). For one-hot proposals (every proposer here drafts greedily) this is
-        rejection sampling exactly: draft x is kept with probability p(x), and on rejection the sample, which is
-        not x, is distributed as p without x. Logprobs come from each row's raw logits. If sampling raises,
-        those requests fail and the rest of the step goes on."""
+        position); reading the step keeps a request's drafts while they equal its samples, then one sample more
+        (lamina.layers.accept_drafts: rejection sampling exactly for one-hot proposals, which every proposer here
+        makes). Logprobs come from each row's raw logits. If sampling raises, those requests fail and the rest
+        of the step goes on."""
         rows = [r for r, k in zip(spec, num_drafts) for _ in range(k + 1)]
         row_positions = [p + j for p, k in zip(positions, num_drafts) for j in range(k + 1)]
         try:
             params = [self.states.requests[r].sampling_params for r in rows]
             out = self._sample(logits, rows, self._philox_keys(params, row_positions))
-            tokens = accept_drafts(out.sampled_token_ids, num_drafts, draft_ids)
         except Exception as err:  # noqa: BLE001 - the drafting requests end with the error, the others go on
             if is_fatal(err):
                 raise
             return None, {r: f"verifying drafts failed: {err!r}" for r in spec}
         num_logprobs = [self.states.requests[r].sampling_params.logprobs for r in spec]
-        return Verified(spec, tokens, [k + 1 for k in num_drafts], out.logprobs, num_logprobs), {}
+        return Verified(spec, out.sampled_token_ids, num_drafts, draft_ids, out.logprobs, num_logprobs), {}
 
     def _pending(self, req_ids: list[str], out: SamplerOutput, failed: dict[str, str] | None = None,
                  verified: Verified | None = None) -> PendingStep:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lamina.layers.accept_drafts import accept_drafts
 from lamina.layers.sampler import LogprobsTensors, to_logprob_dicts
 from lamina.step import ModelRunnerOutput
 
@@ -22,34 +23,35 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class Verified:
-    """The requests of a step whose drafts were verified: row i of `token_ids` is req_ids[i]'s accepted drafts,
-    then a correction or bonus token, -1 pads (lamina.layers.rejection_sampler). `logprobs` (when a request
-    asked) has one row per logits row, num_rows[i] = k_i + 1 of them per request, row j for its j-th token."""
+    """The requests of a step whose drafts were verified: request i's k_i + 1 rows of `sampled` (one sample each,
+    on the device until read) and its k_i drafts in `draft_ids` (flat); reading keeps the drafts that equal
+    their samples and one sample more (lamina.layers.accept_drafts). `logprobs` (when a request asked) has one
+    row per sampled row."""
 
     req_ids: list[str]
-    token_ids: torch.Tensor  # [N, K + 1] int64
-    num_rows: list[int]
+    sampled: torch.Tensor  # [sum(k_i + 1)] int64
+    num_drafts: list[int]
+    draft_ids: list[int]
     logprobs: LogprobsTensors | None = None
     num_logprobs: list[int | None] = field(default_factory=list)  # per request
 
     def to_host(self) -> Verified:
-        return dataclasses.replace(self, token_ids=_to_host(self.token_ids), logprobs=_logprobs_to_host(self.logprobs))
+        return dataclasses.replace(self, sampled=_to_host(self.sampled), logprobs=_logprobs_to_host(self.logprobs))
 
     def read(self, sampled: dict[str, list[int]], logprobs: dict[str, list]) -> None:
         """Add each request's tokens (and the logprobs of each) to the answer's dicts (host tensors)."""
-        matrix = self.token_ids.tolist()
-        tokens = [[t for t in row if t >= 0] for row in matrix]
+        rows = self.sampled.tolist()
+        tokens = accept_drafts(rows, self.num_drafts, self.draft_ids)
         sampled.update(zip(self.req_ids, tokens))
         if self.logprobs is None:
             return
-        row_tokens = [max(row[j], 0) for row, n in zip(matrix, self.num_rows) for j in range(n)]
-        per_row = [k for k, n in zip(self.num_logprobs, self.num_rows) for _ in range(n)]
-        dicts = to_logprob_dicts(self.logprobs, row_tokens, per_row)
+        per_row = [n for n, k in zip(self.num_logprobs, self.num_drafts) for _ in range(k + 1)]
+        dicts = to_logprob_dicts(self.logprobs, rows, per_row)
         start = 0
-        for req_id, emitted, n, asked in zip(self.req_ids, tokens, self.num_rows, self.num_logprobs):
+        for req_id, emitted, k, asked in zip(self.req_ids, tokens, self.num_drafts, self.num_logprobs):
             if asked is not None:
                 logprobs[req_id] = dicts[start:start + len(emitted)]
-            start += n
+            start += k + 1
 
 
 def _logprobs_to_host(logprobs: LogprobsTensors | None) -> LogprobsTensors | None:
@@ -85,7 +87,7 @@ class PendingStep:
         self._host_logprobs = _logprobs_to_host(self.logprobs)
         self._rows: dict[str, int] | None = None
         self._done = None
-        verified_tokens = None if self.verified is None else self.verified.token_ids
+        verified_tokens = None if self.verified is None else self.verified.sampled
         if any(t is not None and t.is_cuda for t in (self.sampled, verified_tokens)):
             self._done = torch.cuda.Event()
             self._done.record()
