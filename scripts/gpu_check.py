@@ -286,7 +286,8 @@ def graph_vs_eager(device: str) -> dict[str, Any]:
     from lamina import DEMO_MODEL, LLM, SamplingParams
     from lamina.bench.offline import release_memory
     from lamina.bench.w6_cpu import PROMPTS
-    from lamina.worker.cuda_graphs import CudaGraphRunner, EagerGraph
+    from lamina.graphs import EagerGraph
+    from lamina.worker.cuda_graphs import CudaGraphRunner
     # the interpreter (CPU) is slow: 4 prompts x 6 tokens there
     prompts = PROMPTS if device == "cuda" else PROMPTS[:4]
     params = SamplingParams(temperature=0, max_tokens=32 if device == "cuda" else 6, ignore_eos=True)

@@ -10,8 +10,8 @@ import torch
 
 import tests.kernels.conftest  # noqa: F401 - TRITON_INTERPRET=1 and the interpreter fixes
 from lamina import LLM, SamplingParams
-from lamina.worker.cuda_graphs import (CudaGraphRunner, EagerGraph, StaticBuffers, bucket_for, graph_buckets,
-                                       graph_decision)
+from lamina.graphs import EagerGraph, StaticBuffers, bucket_for, graph_buckets
+from lamina.worker.cuda_graphs import CudaGraphRunner, graph_decision
 from lamina.worker.input_batch import HostBatch
 from tests.helpers.tiny_models import make_tiny_model
 
