@@ -38,6 +38,7 @@ from lamina.config import ModelArch
 from lamina.kv.cache import KVCache, allocate_kv_caches, bind_kv_caches, kv_cache_bytes_per_block
 from lamina.loader.hf_config import load_model_arch
 from lamina.loader.model_loader import load_model
+from lamina.spec.draft_loop import CatchUp, DraftLoop
 from lamina.spec.model_proposer import DraftRequest
 
 __all__ = ["DraftModelProposer"]
@@ -98,6 +99,7 @@ class DraftModelProposer:
         self.block_size = 0  # set by bind_cache
         self.kv_caches: list[KVCache] = []
         self._fed: dict[str, _Fed] = {}
+        self.loop: DraftLoop | None = None  # set by capture_graphs
 
     def kv_bytes_per_block(self, block_size: int) -> int:
         return kv_cache_bytes_per_block(self.arch, block_size, self.dtype)
@@ -106,6 +108,14 @@ class DraftModelProposer:
         self.kv_caches = allocate_kv_caches(self.arch, num_blocks, block_size, self.dtype, self.device)
         bind_kv_caches(self.model, self.kv_caches)
         self.block_size = block_size
+
+    def capture_graphs(self, max_batch_size: int, max_model_len: int, num_drafts: int,
+                       graph_cls: type | None = None) -> None:
+        """Capture the propose call (catch-up + k - 1 decode steps) per batch bucket (lamina/spec/draft_loop.py)."""
+        kwargs = {} if graph_cls is None else {"graph_cls": graph_cls}
+        max_len = min(max_model_len, self.arch.max_position_embeddings)
+        self.loop = DraftLoop(self.model, num_drafts, max_batch_size, max_len, self.block_size, self.device, **kwargs)
+        self.loop.capture_all()
 
     def forget(self, req_ids: Iterable[str]) -> None:
         for req_id in req_ids:
@@ -120,6 +130,8 @@ class DraftModelProposer:
         if not rows:
             return drafts
         table = _block_table([r.request.block_ids for r in rows])
+        if self.loop is not None and self.loop.fits(len(rows), table.shape[1], rows[0].limit):
+            return self._propose_in_graph(rows, table, drafts)
         table_dev = torch.from_numpy(table).to(self.device, non_blocking=True)
         columns = [self._catch_up(rows, table, table_dev)]
         for j in range(1, rows[0].limit):
@@ -134,6 +146,45 @@ class DraftModelProposer:
         for row in rows:
             self._remember(row, drafts[row.index])
         return drafts
+
+    def _propose_in_graph(self, rows: list[_Row], table: np.ndarray,
+                          drafts: list[list[int]]) -> list[list[int]]:
+        """Rows whose catch-up is longer than the graph's rows first feed all but their newest token eagerly
+        (a new prompt); then one replay drafts for every row."""
+        longest = self.loop.k + 1
+        long = [r for r in rows if r.n - r.start > longest]
+        if long:
+            self._prefill(long, table)
+        starts = [0]
+        for r in rows:
+            starts.append(starts[-1] + r.n - r.start)
+        positions = np.concatenate([np.arange(r.start, r.n) for r in rows])
+        row_of = np.repeat(np.arange(len(rows)), [r.n - r.start for r in rows])
+        batch = CatchUp(input_ids=[int(t) for r in rows for t in r.request.token_ids[r.start:r.n]],
+                        positions=positions.tolist(), slot_mapping=self._slots(table, row_of, positions).tolist(),
+                        query_start_loc=starts, seq_lens=[r.n for r in rows], block_tables=table.tolist())
+        out = self.loop.run(batch, [s - 1 for s in starts[1:]], [r.n - 1 for r in rows], [r.limit for r in rows])
+        for row, tokens in zip(rows, out.tolist()):
+            drafts[row.index] = tokens[:row.limit]
+            self._remember(row, drafts[row.index])
+        return drafts
+
+    def _prefill(self, rows: list[_Row], table: np.ndarray) -> None:
+        """Feed token_ids[s : N - 1] of each row eagerly (their KV); afterwards each row starts at N - 1."""
+        lens = np.array([r.n - 1 - r.start for r in rows], dtype=np.int64)
+        ids = np.concatenate([np.asarray(r.request.token_ids[r.start:r.n - 1], dtype=np.int64) for r in rows])
+        row_of = np.repeat(np.arange(len(rows)), lens)
+        query_start = np.concatenate(([0], np.cumsum(lens)))
+        positions = np.array([r.start for r in rows])[row_of] + np.arange(len(ids)) - query_start[:-1][row_of]
+        sub_table = _block_table([r.request.block_ids for r in rows])
+        table_dev = torch.from_numpy(sub_table).to(self.device, non_blocking=True)
+        self._draft(ids, positions, self._slots(sub_table, row_of, positions), query_start,
+                    np.array([r.n - 1 for r in rows], dtype=np.int64), table_dev)
+        for r in rows:
+            fed = self._fed.setdefault(r.request.req_id, _Fed([], 0))
+            del fed.tokens[r.start:]
+            fed.tokens.extend(int(t) for t in r.request.token_ids[r.start:r.n - 1])
+            r.start = r.n - 1
 
     def _plan(self, requests: list[DraftRequest]) -> list[_Row]:
         """The requests that draft, sorted by k (largest first), with their catch-up start."""

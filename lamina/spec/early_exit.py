@@ -57,6 +57,9 @@ class EarlyExitProposer:
         pass  # nothing is kept between steps
 
     @torch.inference_mode()
+    def capture_graphs(self, max_batch_size: int, max_model_len: int, num_drafts: int) -> None:
+        """Nothing yet: early-exit drafting runs eagerly."""
+
     def propose(self, requests: list[DraftRequest], hidden: torch.Tensor) -> list[list[int]]:
         """Up to `num_drafts` greedy drafts per request; `hidden` is not needed (the drafter recomputes)."""
         if not requests:

@@ -53,6 +53,9 @@ class ModelProposer(Protocol):
       keeps none); the worker sizes the block pool with target + proposer bytes per block, so one block
       id always has room in both.
     - `bind_cache(num_blocks, block_size)`: allocate that KV (called once, before the first `propose`).
+    - `capture_graphs(max_batch_size, max_model_len, num_drafts)`: called once after `bind_cache` when the worker
+      captures CUDA graphs: a proposer that runs forwards captures its drafting for batches of up to
+      max_batch_size requests asking at most num_drafts drafts (others: nothing to do).
     """
 
     def propose(self, requests: list[DraftRequest], hidden: torch.Tensor) -> list[list[int]]:
@@ -65,4 +68,7 @@ class ModelProposer(Protocol):
         ...
 
     def bind_cache(self, num_blocks: int, block_size: int) -> None:
+        ...
+
+    def capture_graphs(self, max_batch_size: int, max_model_len: int, num_drafts: int) -> None:
         ...

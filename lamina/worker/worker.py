@@ -83,6 +83,11 @@ class Worker:
             warm_up_kernels(self.model, self.config.cache_config.block_size,
                             self.config.scheduler_config.max_num_batched_tokens, self.max_model_len, self.device)
         self.runner.graphs = self._capture_graphs(max_num_seqs)
+        if self.runner.graphs is not None and self.proposer is not None:
+            start = time.perf_counter()
+            self.proposer.capture_graphs(self.runner.graphs.buckets[-1], self.max_model_len,
+                                         self.config.speculative_config.num_speculative_tokens)
+            logger.info("proposer graphs captured in %.1f s", time.perf_counter() - start)
 
     def _num_kv_blocks(self) -> int:
         cache = self.config.cache_config

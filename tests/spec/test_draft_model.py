@@ -29,7 +29,9 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"target": make_tiny_model("llama", root / "target"),
             "draft": make_tiny_model("llama", root / "draft", seed=3, **DRAFT),
             "short": make_tiny_model("llama", root / "short", seed=3, max_position_embeddings=16, **DRAFT),
-            "other_vocab": make_tiny_model("llama", root / "other_vocab", vocab_size=128, **DRAFT)}
+            "other_vocab": make_tiny_model("llama", root / "other_vocab", vocab_size=128, **DRAFT),
+            "head32": make_tiny_model("llama", root / "head32", seed=3, hidden_size=64, intermediate_size=64,
+                                      num_hidden_layers=1, head_dim=32, num_attention_heads=2, num_key_value_heads=1)}
 
 
 @pytest.fixture(scope="module")
@@ -181,3 +183,28 @@ def test_demo_draft_matches_hf() -> None:
     prompt = tokenizer.encode("def fibonacci(n: int) -> int:\n    \"\"\"Return the n-th Fibonacci number.").ids
     request = DraftRequest("demo", prompt, list(range(1, 1 + -(-(len(prompt) + 4) // 16))), 5)
     assert proposer.propose([request], torch.zeros(1, 384)) == [hf_greedy(load_hf(lamina.DEMO_DRAFT), prompt, 5)]
+
+
+def test_the_captured_draft_loop_drafts_what_hf_does(dirs: dict[str, Path]) -> None:
+    """capture_graphs (EagerGraph on CPU, the Triton kernels under the interpreter, as a CUDA graph runs them):
+    the catch-up and the k - 1 decode steps with device-made inputs give HF's greedy drafts, through rounds of
+    verification with mixed num_drafts (rows past their limit store nothing) and a new long prompt (fed eagerly
+    first), in a bucket with padding rows."""
+    import tests.kernels.conftest  # noqa: F401 - TRITON_INTERPRET=1 and the interpreter fixes
+    from lamina.graphs import EagerGraph
+
+    target, hf_draft = load_model_arch(str(dirs["target"])), load_hf(str(dirs["head32"]))
+    proposer = DraftModelProposer(str(dirs["head32"]), target, torch.float32, torch.device("cpu"), "triton")
+    proposer.bind_cache(NUM_BLOCKS, BLOCK_SIZE)
+    proposer.capture_graphs(max_batch_size=4, max_model_len=64, num_drafts=3, graph_cls=EagerGraph)
+    blocks, rng = Blocks(seed=5), random.Random(3)
+    seqs = prompts([4, 2, 9], seed=4)
+    for round_ in range(4):
+        if round_ == 2:
+            seqs["late"] = prompts([17], seed=9)["r0"]  # a prompt longer than k + 1 tokens
+        k = {rid: 1 + (i + round_) % 3 for i, rid in enumerate(seqs)}
+        drafts = propose(proposer, requests(seqs, k, blocks))
+        for (rid, tokens), got in zip(seqs.items(), drafts):
+            assert got == hf_greedy(hf_draft, tokens, k[rid]), (round_, rid)
+        for rid, got in zip(seqs, drafts):
+            seqs[rid] = seqs[rid] + verify(seqs[rid], got, rng, hf_draft)

@@ -1,0 +1,134 @@
+"""DraftLoop: a draft model's whole propose call in one CUDA graph per batch bucket: the catch-up forward, then
+k - 1 decode steps whose inputs are made on the device, without returning to the host in between.
+
+    catch-up     rows of at most q = k + 1 tokens (lamina/graphs.py's layout), the tokens from each row's
+                 first stale position through its newest token (position N - 1)
+                 draft 0 = argmax(logits at each row's last token)        last[i]: its flat index
+    step j       feed draft j-1 at position N - 1 + j  (1 <= j < k), on the device:
+                   pos   = base + j            if j < limit  else base     (base = N - 1)
+                   slot  = table[pos // bs] * bs + pos % bs  if j < limit  else -1  (writes nothing)
+                   seq   = pos + 1
+                 draft j = argmax(logits)
+    output       drafts [b, k]; row i's first limit[i] are its drafts
+
+A row past its limit (or a padding row: base 0, limit 0, the null block) recomputes a position it already has
+and stores nothing, so every row writes KV only inside [0, N - 1 + limit). On CPU `EagerGraph` runs the same
+function (the tests), so the device-side inputs are checked against the eager path without a GPU.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
+from lamina.graphs import FlatBatch, Graph, StaticBuffers, TorchCUDAGraph, bucket_for, graph_buckets
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class CatchUp:
+    """The catch-up forward of one call as a flat batch (lamina.graphs.FlatBatch)."""
+
+    input_ids: list[int]
+    positions: list[int]
+    slot_mapping: list[int]
+    query_start_loc: list[int]
+    seq_lens: list[int]
+    block_tables: list[list[int]]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens)
+
+
+class DraftLoop:
+    def __init__(self, model: torch.nn.Module, k: int, max_batch_size: int, max_model_len: int, block_size: int,
+                 device: torch.device, graph_cls: type = TorchCUDAGraph) -> None:
+        self.model = model
+        self.k = k
+        self.buckets = graph_buckets(max_batch_size)
+        self.max_model_len = max_model_len
+        self.block_size = block_size
+        self.max_blocks_per_seq = -(-max_model_len // block_size)
+        self.device = device
+        self.graph_cls = graph_cls
+        rows = self.buckets[-1]
+        self.buffers = StaticBuffers.allocate(rows, self.max_blocks_per_seq, device, query_len=k + 1)
+        self.rows = torch.zeros(3, rows, dtype=torch.int64, device=device)  # last index, base, limit
+        self.decode_starts = torch.arange(rows + 1, dtype=torch.int32, device=device)
+        self.graphs: dict[int, Graph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+
+    def fits(self, num_rows: int, width: int, most_drafts: int) -> bool:
+        """Whether a call of `num_rows` rows with block tables `width` wide, none asking more than `most_drafts`,
+        replays a graph (catch-ups longer than k + 1 tokens are fed eagerly first)."""
+        return num_rows <= self.buckets[-1] and width <= self.max_blocks_per_seq and most_drafts <= self.k
+
+    @torch.inference_mode()
+    def capture_all(self) -> None:
+        pool = torch.cuda.graph_pool_handle() if self.graph_cls is TorchCUDAGraph else None
+        for bucket in reversed(self.buckets):
+            loop = self._loop_fn(bucket)
+            loop()  # warm-up outside the graph: Triton compiles, allocator settles
+            self._synchronize()
+            graph = self.graph_cls(pool)
+            self.outputs[bucket] = graph.capture(loop)
+            self.graphs[bucket] = graph
+            self._synchronize()
+        logger.info("draft loop: %d CUDA graphs (k=%d) for up to %d sequences", len(self.buckets), self.k,
+                    self.buckets[-1])
+
+    def run(self, batch: FlatBatch, last: Sequence[int], base: Sequence[int], limit: Sequence[int]) -> torch.Tensor:
+        """Drafts [n, k] (a view of the graph's output: read it before the next replay) of the catch-up `batch`;
+        per row: the flat index of its last token, N - 1, and its number of drafts."""
+        n = batch.num_seqs
+        bucket = bucket_for(n, self.buckets)
+        self.buffers.fill(batch, bucket)
+        pads = len(batch.input_ids) + np.arange(bucket - n)  # each padding row's one token slot
+        rows = np.zeros((3, bucket), dtype=np.int64)
+        rows[0, :n], rows[0, n:] = last, pads
+        rows[1, :n], rows[2, :n] = base, limit
+        self.rows[:, :bucket].copy_(torch.from_numpy(rows), non_blocking=True)
+        self.graphs[bucket].replay()
+        return self.outputs[bucket][:n]
+
+    def _loop_fn(self, bucket: int) -> Callable[[], torch.Tensor]:
+        buffers, q = self.buffers, self.k + 1
+        catch_up = buffers.metadata(bucket, self.max_model_len)
+        ids, positions = buffers.input_ids[:bucket * q], buffers.positions[:bucket * q]
+        last, base, limit = self.rows[0, :bucket], self.rows[1, :bucket], self.rows[2, :bucket]
+        table = buffers.block_tables[:bucket]
+
+        def loop() -> torch.Tensor:
+            with set_attention_metadata(catch_up):
+                hidden = self.model(ids, positions)
+            token = self.model.compute_logits(hidden.index_select(0, last)).argmax(dim=-1)
+            drafts = [token]
+            for j in range(1, self.k):
+                active = limit > j
+                pos = torch.where(active, base + j, base)
+                with set_attention_metadata(self._step_metadata(table, pos, active, bucket)):
+                    hidden = self.model(token, pos)
+                token = self.model.compute_logits(hidden).argmax(dim=-1)
+                drafts.append(token)
+            return torch.stack(drafts, dim=1)
+        return loop
+
+    def _step_metadata(self, table: torch.Tensor, pos: torch.Tensor, active: torch.Tensor,
+                       bucket: int) -> AttentionMetadata:
+        bs = self.block_size
+        block = table.gather(1, (pos // bs).unsqueeze(1)).squeeze(1).to(torch.int64)
+        slots = torch.where(active, block * bs + pos % bs, -1)
+        return AttentionMetadata(
+            slot_mapping=slots, query_start_loc=self.decode_starts[:bucket + 1], seq_lens=(pos + 1).to(torch.int32),
+            block_tables=table, max_query_len=1, max_seq_len=self.max_model_len,
+            query_start_loc_cpu=list(range(bucket + 1)), seq_lens_cpu=[self.max_model_len] * bucket)
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
