@@ -27,7 +27,7 @@ target's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -109,9 +109,14 @@ class DraftModelProposer:
         bind_kv_caches(self.model, self.kv_caches)
         self.block_size = block_size
 
-    def capture_graphs(self, max_batch_size: int, max_model_len: int, num_drafts: int,
-                       graph_cls: type | None = None) -> None:
-        """Capture the propose call (catch-up + k - 1 decode steps) per batch bucket (lamina/spec/draft_loop.py)."""
+    def compile_and_capture(self, max_batch_size: int, max_model_len: int, num_drafts: int,
+                            warm_up: Callable[[torch.nn.Module], None] | None, graph_cls: type | None = None) -> None:
+        """Compile the draft's kernels (its eager forwards: prompts), then capture the propose call (catch-up +
+        k - 1 decode steps) per batch bucket (lamina/spec/draft_loop.py) when max_batch_size > 0."""
+        if warm_up is not None:
+            warm_up(self.model)
+        if max_batch_size == 0:
+            return
         kwargs = {} if graph_cls is None else {"graph_cls": graph_cls}
         max_len = min(max_model_len, self.arch.max_position_embeddings)
         self.loop = DraftLoop(self.model, num_drafts, max_batch_size, max_len, self.block_size, self.device, **kwargs)

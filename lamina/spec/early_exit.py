@@ -18,7 +18,7 @@ blocks outside `block_ids` are never written.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -57,8 +57,9 @@ class EarlyExitProposer:
         pass  # nothing is kept between steps
 
     @torch.inference_mode()
-    def capture_graphs(self, max_batch_size: int, max_model_len: int, num_drafts: int) -> None:
-        """Nothing yet: early-exit drafting runs eagerly."""
+    def compile_and_capture(self, max_batch_size: int, max_model_len: int, num_drafts: int,
+                            warm_up: Callable[[torch.nn.Module], None] | None) -> None:
+        """Nothing: the target's layers are compiled already, and early-exit drafting runs eagerly."""
 
     def propose(self, requests: list[DraftRequest], hidden: torch.Tensor) -> list[list[int]]:
         """Up to `num_drafts` greedy drafts per request; `hidden` is not needed (the drafter recomputes)."""

@@ -21,7 +21,7 @@ duty to correctness is to write no KV outside these blocks.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -53,9 +53,10 @@ class ModelProposer(Protocol):
       keeps none); the worker sizes the block pool with target + proposer bytes per block, so one block
       id always has room in both.
     - `bind_cache(num_blocks, block_size)`: allocate that KV (called once, before the first `propose`).
-    - `capture_graphs(max_batch_size, max_model_len, num_drafts)`: called once after `bind_cache` when the worker
-      captures CUDA graphs: a proposer that runs forwards captures its drafting for batches of up to
-      max_batch_size requests asking at most num_drafts drafts (others: nothing to do).
+    - `compile_and_capture(max_batch_size, max_model_len, num_drafts, warm_up)`: called once after `bind_cache`,
+      before the first request: a proposer with a network of its own compiles its kernels with `warm_up(net)`
+      (None: nothing to compile) and, when max_batch_size > 0 (the worker captures CUDA graphs), captures its
+      drafting for batches of up to max_batch_size requests asking at most num_drafts drafts.
     """
 
     def propose(self, requests: list[DraftRequest], hidden: torch.Tensor) -> list[list[int]]:
@@ -70,5 +71,6 @@ class ModelProposer(Protocol):
     def bind_cache(self, num_blocks: int, block_size: int) -> None:
         ...
 
-    def capture_graphs(self, max_batch_size: int, max_model_len: int, num_drafts: int) -> None:
+    def compile_and_capture(self, max_batch_size: int, max_model_len: int, num_drafts: int,
+                            warm_up: Callable[[torch.nn.Module], None] | None) -> None:
         ...

@@ -10,6 +10,7 @@ Its life, driven by an executor (lamina/executor/):
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
@@ -77,17 +78,22 @@ class Worker:
 
     def compile_and_capture(self, max_num_seqs: int) -> None:
         """Compile every kernel variant now, not in the first requests, and capture the decode graphs of
-        batches of up to `max_num_seqs` (the engine's value once it is fitted to the KV capacity)."""
+        batches of up to `max_num_seqs` (the engine's value once it is fitted to the KV capacity); the same for
+        the proposer's own network, if it has one."""
+        warm_up = None
         if self._triton_kernels_supported(self._attention_backend()):
             compile_counter.install()  # every compile from now on shows in the step stats
-            warm_up_kernels(self.model, self.config.cache_config.block_size,
-                            self.config.scheduler_config.max_num_batched_tokens, self.max_model_len, self.device)
+            warm_up = functools.partial(warm_up_kernels, block_size=self.config.cache_config.block_size,
+                                        max_num_batched_tokens=self.config.scheduler_config.max_num_batched_tokens,
+                                        max_model_len=self.max_model_len, device=self.device)
+            warm_up(self.model)
         self.runner.graphs = self._capture_graphs(max_num_seqs)
-        if self.runner.graphs is not None and self.proposer is not None:
+        if self.proposer is not None:
             start = time.perf_counter()
-            self.proposer.capture_graphs(self.runner.graphs.buckets[-1], self.max_model_len,
-                                         self.config.speculative_config.num_speculative_tokens)
-            logger.info("proposer graphs captured in %.1f s", time.perf_counter() - start)
+            max_batch = 0 if self.runner.graphs is None else self.runner.graphs.buckets[-1]
+            self.proposer.compile_and_capture(max_batch, self.max_model_len,
+                                              self.config.speculative_config.num_speculative_tokens, warm_up)
+            logger.info("proposer compiled and captured in %.1f s", time.perf_counter() - start)
 
     def _num_kv_blocks(self) -> int:
         cache = self.config.cache_config

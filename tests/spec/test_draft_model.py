@@ -186,7 +186,7 @@ def test_demo_draft_matches_hf() -> None:
 
 
 def test_the_captured_draft_loop_drafts_what_hf_does(dirs: dict[str, Path]) -> None:
-    """capture_graphs (EagerGraph on CPU, the Triton kernels under the interpreter, as a CUDA graph runs them):
+    """compile_and_capture (EagerGraph on CPU, the Triton kernels under the interpreter, as a CUDA graph runs them):
     the catch-up and the k - 1 decode steps with device-made inputs give HF's greedy drafts, through rounds of
     verification with mixed num_drafts (rows past their limit store nothing) and a new long prompt (fed eagerly
     first), in a bucket with padding rows."""
@@ -196,7 +196,7 @@ def test_the_captured_draft_loop_drafts_what_hf_does(dirs: dict[str, Path]) -> N
     target, hf_draft = load_model_arch(str(dirs["target"])), load_hf(str(dirs["head32"]))
     proposer = DraftModelProposer(str(dirs["head32"]), target, torch.float32, torch.device("cpu"), "triton")
     proposer.bind_cache(NUM_BLOCKS, BLOCK_SIZE)
-    proposer.capture_graphs(max_batch_size=4, max_model_len=64, num_drafts=3, graph_cls=EagerGraph)
+    proposer.compile_and_capture(max_batch_size=4, max_model_len=64, num_drafts=3, warm_up=None, graph_cls=EagerGraph)
     blocks, rng = Blocks(seed=5), random.Random(3)
     seqs = prompts([4, 2, 9], seed=4)
     for round_ in range(4):
