@@ -7,7 +7,8 @@ from torch import nn
 
 from lamina.config import KernelChoice
 from lamina.layers.dispatch import DEFAULT_KERNELS
-from lamina.layers.linear import copy_checked, set_weight_attrs, small_batch_matmul, tensor_parallel_rank_and_size
+from lamina.layers.linear import (QuantMethod, copy_checked, set_weight_attrs, small_batch_matmul,
+                                  tensor_parallel_rank_and_size)
 
 
 class VocabEmbedding(nn.Module):
@@ -40,18 +41,25 @@ class VocabEmbedding(nn.Module):
 
 class ParallelLMHead(nn.Module):
     """The output projection hidden -> vocab; with `tied_to`, it shares the embedding's weight. Decode-sized
-    batches may take the Triton GEMV (KernelChoice.gemv, decided by lamina.layers.dispatch)."""
+    batches may take the Triton GEMV (KernelChoice.gemv, decided by lamina.layers.dispatch). An untied head
+    may be quantized: `quant_method` then owns its parameters, as in a linear layer."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int,
-                 tied_to: VocabEmbedding | None = None, kernels: KernelChoice = DEFAULT_KERNELS) -> None:
+                 tied_to: VocabEmbedding | None = None, kernels: KernelChoice = DEFAULT_KERNELS,
+                 quant_method: QuantMethod | None = None) -> None:
         super().__init__()
         self.tp_rank, self.tp_size = tensor_parallel_rank_and_size()
         self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
         self.kernels = kernels
+        self.quant_method = None if tied_to is not None else quant_method
         if tied_to is not None:
             self.weight = tied_to.weight
             return
         per_rank = -(-num_embeddings // self.tp_size)
+        if self.quant_method is not None:
+            self.quant_method.create_weights(self, embedding_dim, [per_rank], torch.get_default_dtype())
+            return
         self.weight = nn.Parameter(torch.empty(per_rank, embedding_dim), requires_grad=False)
         set_weight_attrs(self.weight, {"output_dim": 0, "weight_loader": self.weight_loader})
 
@@ -65,7 +73,9 @@ class ParallelLMHead(nn.Module):
         """[N, hidden] -> [N, vocab] float32 logits (the matmul runs in the model dtype)."""
         if self.tp_size > 1:
             raise NotImplementedError("vocab-parallel logits gather arrives with lamina.distributed")
+        if self.quant_method is not None:
+            return self.quant_method.apply(self, hidden, None).float()
         return small_batch_matmul(hidden, self.weight, kernels=self.kernels).float()
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.weight.shape[1]}"
+        return f"{self.num_embeddings}, {self.embedding_dim}"

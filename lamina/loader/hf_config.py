@@ -14,6 +14,7 @@ from typing import Any
 from lamina.config import ModelArch
 from lamina.layers.rotary import check_rope_scaling
 from lamina.models.registry import supported_architectures
+from lamina.quant.config import parse_quant_config
 
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
              "num_attention_heads", "max_position_embeddings")
@@ -80,10 +81,7 @@ def _check_supported(raw: dict[str, Any], config_path: Path) -> str:
         raise ValueError(f"hidden_act: only 'silu' is supported, got {raw['hidden_act']!r}")
     if raw.get("mlp_bias"):
         raise ValueError("mlp_bias: only false is supported")
-    quant = raw.get("quantization_config")
-    if quant:
-        raise ValueError(f"quantization_config: quantized checkpoints are not supported yet "
-                         f"(quant_method={quant.get('quant_method')!r})")
+    parse_quant_config(raw.get("quantization_config"))  # an unsupported method or scheme fails here, early
     return archs[0]
 
 

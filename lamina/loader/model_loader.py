@@ -9,11 +9,11 @@ import torch
 from lamina.attention.backends import get_attention_backend
 from lamina.config import LOAD_FORMATS, KernelChoice, ModelArch
 from lamina.device import MODEL_DTYPES
-from lamina.layers.linear import LinearBase
 from lamina.loader.weights import iterate_weights
 from lamina.models.common import CausalLM
 from lamina.models.names import format_names
 from lamina.models.registry import get_model_class
+from lamina.quant.config import parse_quant_config
 
 _DUMMY_STD = 0.02
 
@@ -48,19 +48,22 @@ def load_model(model_dir: str, arch: ModelArch, dtype: torch.dtype, device: torc
     load_format "auto": the safetensors checkpoint in `model_dir`, strictly: a checkpoint tensor
     that matches no parameter, or a parameter with no checkpoint tensor, is a ValueError naming them.
     load_format "dummy": small random weights, no files read (for benchmarks and tests).
+    A quantized checkpoint (config.json's quantization_config, lamina/quant/) builds quantized layers.
     """
     _check_args(dtype, load_format)
     model_cls = get_model_class(arch.architecture)
     backend = get_attention_backend(attention_backend)
+    quant_config = parse_quant_config(arch.raw.get("quantization_config"))
     with _default_dtype(dtype), torch.device(device):
-        model = model_cls(arch, backend, kernels)
+        model = model_cls(arch, backend, kernels, quant_config)
     if load_format == "dummy":
         init_dummy_weights(model)
     else:
         load_checkpoint(model, model_dir)
     for module in model.modules():
-        if isinstance(module, LinearBase):
-            module.quant_method.process_after_loading(module)
+        method = getattr(module, "quant_method", None)
+        if method is not None:
+            method.process_after_loading(module)
     return model.eval()
 
 
@@ -75,12 +78,15 @@ def load_checkpoint(model: CausalLM, model_dir: str) -> None:
 
 @torch.no_grad()
 def init_dummy_weights(model: CausalLM, seed: int = 0) -> None:
-    """Norm weights 1, everything else N(0, 0.02): finite, deterministic activations without a checkpoint."""
+    """Norm weights 1, everything else N(0, 0.02): finite, deterministic activations without a checkpoint.
+    Integer parameters (quantized weights, zero points) stay zero."""
     generator = None
     for name, param in model.named_parameters():
         if generator is None:
             generator = torch.Generator(device=param.device).manual_seed(seed)
-        if name.endswith("norm.weight"):
+        if not param.is_floating_point():
+            param.zero_()
+        elif name.endswith("norm.weight"):
             param.fill_(1.0)
         else:
             param.normal_(0.0, _DUMMY_STD, generator=generator)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import nn
@@ -24,27 +24,40 @@ from lamina.config import KernelChoice, ModelArch
 from lamina.layers.activation import SiluAndMul
 from lamina.layers.dispatch import DEFAULT_KERNELS, qk_norm_rotary_ops
 from lamina.layers.embedding import ParallelLMHead, VocabEmbedding
-from lamina.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear, copy_checked
+from lamina.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear, QuantMethod, RowParallelLinear,
+                                  copy_checked)
 from lamina.layers.norm import RMSNorm
 from lamina.layers.rotary import RotaryEmbedding
 from lamina.models.names import format_names
+
+if TYPE_CHECKING:
+    from lamina.quant.config import QuantConfig
+
+
+def quant_method(quant_config: QuantConfig | None, layer: type, prefix: str) -> QuantMethod | None:
+    """The layer's quantization method (None: unquantized); `prefix` is its checkpoint name."""
+    return None if quant_config is None else quant_config.get_quant_method(layer, prefix)
 
 
 class DecoderAttention(nn.Module):
     """Fused qkv projection (+ optional bias, optional per-head q/k RMSNorm), RoPE, paged attention."""
 
     def __init__(self, arch: ModelArch, qkv_bias: bool, o_bias: bool, qk_norm: bool,
-                 backend: AttentionBackend | None, rotary_emb: RotaryEmbedding, kernels: KernelChoice) -> None:
+                 backend: AttentionBackend | None, rotary_emb: RotaryEmbedding, kernels: KernelChoice,
+                 quant_config: QuantConfig | None = None, prefix: str = "self_attn") -> None:
         super().__init__()
         head_dim = arch.head_dim
         self.kernels = kernels
         self.qkv_proj = QKVParallelLinear(arch.hidden_size, head_dim, arch.num_attention_heads,
-                                          arch.num_key_value_heads, bias=qkv_bias, kernels=kernels)
+                                          arch.num_key_value_heads, bias=qkv_bias, kernels=kernels,
+                                          quant_method=quant_method(quant_config, QKVParallelLinear,
+                                                                    f"{prefix}.qkv_proj"))
         self.head_dim = head_dim
         self.q_size = self.qkv_proj.num_heads * head_dim
         self.kv_size = self.qkv_proj.num_kv_heads * head_dim
         self.o_proj = RowParallelLinear(arch.num_attention_heads * head_dim, arch.hidden_size, bias=o_bias,
-                                        kernels=kernels)
+                                        kernels=kernels,
+                                        quant_method=quant_method(quant_config, RowParallelLinear, f"{prefix}.o_proj"))
         self.q_norm = RMSNorm(head_dim, arch.rms_norm_eps, kernels) if qk_norm else None
         self.k_norm = RMSNorm(head_dim, arch.rms_norm_eps, kernels) if qk_norm else None
         self.rotary_emb = rotary_emb  # one table shared by every layer
@@ -75,10 +88,15 @@ class DecoderAttention(nn.Module):
 class GatedMLP(nn.Module):
     """down(silu(gate(x)) * up(x)) with gate and up fused into one matmul."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, kernels: KernelChoice) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int, kernels: KernelChoice,
+                 quant_config: QuantConfig | None = None, prefix: str = "mlp") -> None:
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, kernels=kernels)
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, kernels=kernels)
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden_size, [intermediate_size] * 2, kernels=kernels,
+            quant_method=quant_method(quant_config, MergedColumnParallelLinear, f"{prefix}.gate_up_proj"))
+        self.down_proj = RowParallelLinear(
+            intermediate_size, hidden_size, kernels=kernels,
+            quant_method=quant_method(quant_config, RowParallelLinear, f"{prefix}.down_proj"))
         self.act_fn = SiluAndMul(kernels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -86,12 +104,13 @@ class GatedMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, arch: ModelArch, attention: DecoderAttention, kernels: KernelChoice) -> None:
+    def __init__(self, arch: ModelArch, attention: DecoderAttention, kernels: KernelChoice,
+                 quant_config: QuantConfig | None = None, prefix: str = "") -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, kernels)
         self.self_attn = attention
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, kernels)
-        self.mlp = GatedMLP(arch.hidden_size, arch.intermediate_size, kernels)
+        self.mlp = GatedMLP(arch.hidden_size, arch.intermediate_size, kernels, quant_config, f"{prefix}.mlp")
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,6 +147,8 @@ class CausalLM(nn.Module):
 
     `kernels` is the model's KernelChoice: every layer gets the same one, and lamina.layers.dispatch
     reads it (with the tensors' device and dtype) to pick a Triton kernel or the PyTorch path.
+    `quant_config` (lamina.quant.config, from config.json's quantization_config) picks each linear layer's
+    quantization method by its checkpoint name.
     """
 
     qkv_bias: ClassVar[bool | None] = None  # None: the config's attention_bias
@@ -142,7 +163,7 @@ class CausalLM(nn.Module):
     ignored_weight_suffixes: ClassVar[tuple[str, ...]] = ("rotary_emb.inv_freq",)
 
     def __init__(self, arch: ModelArch, attn_backend: AttentionBackend | None = None,
-                 kernels: KernelChoice = DEFAULT_KERNELS) -> None:
+                 kernels: KernelChoice = DEFAULT_KERNELS, quant_config: QuantConfig | None = None) -> None:
         super().__init__()
         self.arch = arch
         self.kernels = kernels
@@ -153,10 +174,13 @@ class CausalLM(nn.Module):
         # Layer by layer, each layer's weights allocated together: building all attention blocks first made
         # W2 decode of Qwen3-0.6B 4 % slower on the H200 with the same kernels (docs/BENCHMARKS.md, issue #11).
         layers = [DecoderLayer(arch, DecoderAttention(arch, qkv_bias, o_bias, self.qk_norm, attn_backend, rotary,
-                                                      kernels), kernels) for _ in range(arch.num_hidden_layers)]
+                                                      kernels, quant_config, f"model.layers.{i}.self_attn"),
+                               kernels, quant_config, f"model.layers.{i}") for i in range(arch.num_hidden_layers)]
         self.model = DecoderModel(arch, layers, kernels)
         tied = self.model.embed_tokens if arch.tie_word_embeddings else None
-        self.lm_head = ParallelLMHead(arch.vocab_size, arch.hidden_size, tied_to=tied, kernels=kernels)
+        self.lm_head = ParallelLMHead(arch.vocab_size, arch.hidden_size, tied_to=tied, kernels=kernels,
+                                      quant_method=None if tied else quant_method(quant_config, ParallelLMHead,
+                                                                                  "lm_head"))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids, positions [T] (a flat batch) -> hidden states [T, hidden_size]."""

@@ -1,0 +1,133 @@
+"""The compressed-tensors checkpoint format (what vLLM, transformers and llm-compressor read and write).
+
+config.json:
+
+    "quantization_config": {
+      "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+      "config_groups": {"group_0": {"targets": ["Linear"], "format": "pack-quantized",
+                                    "weights": {"num_bits": 4, "type": "int", "symmetric": false,
+                                                "strategy": "group", "group_size": 128, "dynamic": false, ...},
+                                    "input_activations": null, "output_activations": null}},
+      "ignore": ["lm_head"], "kv_cache_scheme": null, "sparsity_config": {}, "transform_config": {}}
+
+Tensors of a quantized linear `X` (w = (q - zero_point) * scale; q signed, in [-2^(b-1), 2^(b-1) - 1]):
+
+    pack-quantized:   X.weight_packed      int32 [out, ceil(in * b / 32)]   (lamina/quant/packing.py, dim 1)
+                      X.weight_scale       float [out, groups]              (groups = 1 for "channel")
+                      X.weight_zero_point  int32 [ceil(out * b / 32), groups], packed along dim 0 (asymmetric only)
+                      X.weight_shape       int64 [2] = (out, in)
+    naive-quantized:  X.weight int8 [out, in], X.weight_scale, X.weight_zero_point int8 [out, groups] (asymmetric)
+
+Only weight-only integer schemes are read here (W4A16 / W8A16, "channel" or "group"); anything else is a
+ValueError naming the field, never a silent fallback.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lamina.quant.config import QuantConfig, QuantScheme, WeightQuantArgs
+from lamina.quant.packing import check_num_bits, pack_int32
+
+QUANT_METHOD = "compressed-tensors"
+LAYOUTS = ("pack-quantized", "naive-quantized")
+_EMPTY = (None, {}, [])
+_ACTORDERS = (None, "weight", "static")
+
+
+def _field(raw: dict[str, Any], key: str, what: str) -> Any:
+    if key not in raw:
+        raise ValueError(f"{what}.{key}: missing")
+    return raw[key]
+
+
+def _weight_args(raw: Any, layout: str, what: str) -> WeightQuantArgs:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{what}: expected a JSON object, got {raw!r}")
+    if raw.get("type", "int") != "int":
+        raise ValueError(f"{what}.type: only 'int' weights are supported yet, got {raw.get('type')!r}")
+    num_bits = _field(raw, "num_bits", what)
+    check_num_bits(num_bits, f"{what}.num_bits")
+    if raw.get("dynamic", False):
+        raise ValueError(f"{what}.dynamic: dynamic weight quantization is not supported, got {raw['dynamic']!r}")
+    if raw.get("actorder") not in _ACTORDERS:  # "weight" / "static" reorder while quantizing, not at run time
+        raise ValueError(f"{what}.actorder: {raw['actorder']!r} needs weight_g_idx, which lamina does not read "
+                         f"yet (supported: {list(_ACTORDERS)})")
+    if raw.get("block_structure") is not None:
+        raise ValueError(f"{what}.block_structure: block quantization is not supported")
+    group_size = raw.get("group_size")
+    return WeightQuantArgs(num_bits=num_bits, symmetric=bool(raw.get("symmetric", True)),
+                           strategy=_field(raw, "strategy", what),
+                           group_size=None if group_size in (None, -1) else group_size, layout=layout)
+
+
+def _scheme(name: str, raw: Any, default_layout: str | None) -> QuantScheme:
+    what = f"quantization_config.config_groups.{name}"
+    if not isinstance(raw, dict):
+        raise ValueError(f"{what}: expected a JSON object")
+    for key in ("input_activations", "output_activations"):
+        if raw.get(key) not in _EMPTY:
+            raise ValueError(f"{what}.{key}: activation quantization (W8A8, FP8) is not supported yet; "
+                             f"lamina runs weight-only schemes (W4A16, W8A16)")
+    layout = raw.get("format") or default_layout
+    if layout not in LAYOUTS:
+        raise ValueError(f"{what}.format: {layout!r} is not supported; supported: {list(LAYOUTS)}")
+    targets = raw.get("targets")
+    if not targets or not isinstance(targets, list):
+        raise ValueError(f"{what}.targets: expected a non-empty list, got {targets!r}")
+    return QuantScheme(tuple(targets), _weight_args(raw.get("weights"), layout, f"{what}.weights"))
+
+
+def parse_config(raw: dict[str, Any]) -> QuantConfig:
+    """A compressed-tensors `quantization_config` -> QuantConfig; ValueError naming what is not supported."""
+    for key in ("sparsity_config", "transform_config", "kv_cache_scheme"):
+        if raw.get(key) not in _EMPTY:
+            raise ValueError(f"quantization_config.{key}: not supported yet, got {raw[key]!r}")
+    status = raw.get("quantization_status", "compressed")
+    if status != "compressed":
+        raise ValueError(f"quantization_config.quantization_status: only 'compressed' checkpoints are read, "
+                         f"got {status!r}")
+    top_format = raw.get("format")
+    default = top_format if top_format in LAYOUTS else None  # "mixed-precision": each group names its own
+    groups = raw.get("config_groups")
+    if not groups or not isinstance(groups, dict):
+        raise ValueError("quantization_config.config_groups: expected a non-empty JSON object")
+    schemes = tuple(_scheme(name, group, default) for name, group in groups.items())
+    ignore = raw.get("ignore") or []
+    if not isinstance(ignore, list):
+        raise ValueError(f"quantization_config.ignore: expected a list, got {ignore!r}")
+    return QuantConfig(quant_method=QUANT_METHOD, schemes=schemes, ignore=tuple(ignore))
+
+
+def weights_dict(args: WeightQuantArgs) -> dict[str, Any]:
+    """The `weights` entry of a config group, with every field compressed-tensors' QuantizationArgs has."""
+    return {"num_bits": args.num_bits, "type": "int", "symmetric": args.symmetric, "strategy": args.strategy,
+            "group_size": args.group_size, "block_structure": None, "dynamic": False, "actorder": None,
+            "observer": "minmax", "observer_kwargs": {}}
+
+
+def config_dict(args: WeightQuantArgs, ignore: list[str]) -> dict[str, Any]:
+    """The `quantization_config` lamina writes: one group targeting every Linear except `ignore`."""
+    group = {"targets": ["Linear"], "weights": weights_dict(args), "input_activations": None,
+             "output_activations": None, "format": args.layout}
+    return {"quant_method": QUANT_METHOD, "format": args.layout, "quantization_status": "compressed",
+            "config_groups": {"group_0": group}, "ignore": list(ignore), "kv_cache_scheme": None,
+            "sparsity_config": {}, "transform_config": {}, "global_compression_ratio": None}
+
+
+def compressed_tensors_of(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None,
+                          args: WeightQuantArgs) -> dict[str, torch.Tensor]:
+    """One linear's checkpoint tensors (suffixes after `X.`) from its integers q [out, in] (int8), its
+    scales [out, groups] and, when asymmetric, its zero points [out, groups] (int8)."""
+    tensors: dict[str, torch.Tensor] = {"weight_scale": scale.contiguous()}
+    if args.layout == "pack-quantized":
+        tensors["weight_packed"] = pack_int32(q, args.num_bits, dim=1)
+        tensors["weight_shape"] = torch.tensor(list(q.shape), dtype=torch.int64)
+        if not args.symmetric:
+            tensors["weight_zero_point"] = pack_int32(zero_point, args.num_bits, dim=0)
+    else:
+        tensors["weight"] = q.to(torch.int8).contiguous()
+        if not args.symmetric:
+            tensors["weight_zero_point"] = zero_point.to(torch.int8).contiguous()
+    return tensors

@@ -1,0 +1,152 @@
+"""The quantization seam: which layers are quantized, and how, read from config.json's `quantization_config`.
+
+    config.json  --parse_quant_config-->  QuantConfig  --get_quant_method(layer, prefix)-->  QuantMethod | None
+
+`QuantConfig` is format-neutral: a list of `QuantScheme`s (targets + weight args) and an ignore list, the
+compressed-tensors model (lamina/quant/compressed_tensors.py parses and writes that format). Models pass
+each layer's class and its checkpoint prefix (`model.layers.3.mlp.down_proj`); a fused lamina layer
+(`qkv_proj`, `gate_up_proj`) is matched through its checkpoint shards, which must all agree.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lamina.layers.linear import QuantMethod
+
+# lamina's fused layers (lamina/models/common.py) -> the checkpoint modules they hold, in shard order.
+FUSED_MODULES: dict[str, tuple[str, ...]] = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+}
+STRATEGIES = ("channel", "group")
+
+
+@dataclass(frozen=True)
+class WeightQuantArgs:
+    """How a weight is quantized: num_bits-bit integers, w = (q - zero_point) * scale.
+
+    strategy "channel": one scale (and zero point) per output row; "group": one per `group_size` input
+    columns of a row. `layout` is how the checkpoint stores q: "pack-quantized" (int32 words,
+    lamina/quant/packing.py) or "naive-quantized" (one int8 per value).
+    """
+
+    num_bits: int
+    symmetric: bool
+    strategy: str
+    group_size: int | None = None
+    layout: str = "pack-quantized"
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"weights.strategy: {self.strategy!r} is not supported; supported: {list(STRATEGIES)}")
+        if self.strategy == "group" and (not isinstance(self.group_size, int) or self.group_size <= 0):
+            raise ValueError(f"weights.group_size: a positive integer is needed for strategy 'group', "
+                             f"got {self.group_size!r}")
+        if self.strategy == "channel" and self.group_size not in (None, -1):
+            raise ValueError(f"weights.group_size: must be null for strategy 'channel', got {self.group_size!r}")
+
+    def num_groups(self, input_size: int, what: str = "layer") -> int:
+        """Scale columns of a weight with `input_size` input features (1 per row for "channel")."""
+        if self.strategy == "channel":
+            return 1
+        assert self.group_size is not None
+        if input_size % self.group_size:
+            raise ValueError(f"{what}: input size {input_size} is not a multiple of weights.group_size "
+                             f"{self.group_size}")
+        return input_size // self.group_size
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    targets: tuple[str, ...]  # "Linear" (every linear layer), "re:<regex>" or an exact module name
+    weights: WeightQuantArgs
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """A checkpoint's quantization: schemes matched against layers, minus `ignore` (same target syntax)."""
+
+    quant_method: str
+    schemes: tuple[QuantScheme, ...]
+    ignore: tuple[str, ...] = ()
+
+    def scheme_for(self, layer_class: str, names: list[str]) -> WeightQuantArgs | None:
+        """The weight args of the module(s) `names` (one, or a fused layer's shards), or None: unquantized."""
+        found = {name: self._scheme_of_one(layer_class, name) for name in names}
+        if len(set(found.values())) > 1:
+            raise ValueError(f"quantization_config: the fused shards {names} have different schemes ({found}); "
+                             f"lamina fuses them into one layer, so they must be quantized alike")
+        return found[names[0]]
+
+    def _scheme_of_one(self, layer_class: str, name: str) -> WeightQuantArgs | None:
+        if any(_matches(target, layer_class, name) for target in self.ignore):
+            return None
+        for rank in (_exact, _regex, _klass):  # an exact name beats a regex beats a class name
+            for scheme in self.schemes:
+                if any(rank(target, layer_class, name) for target in scheme.targets):
+                    return scheme.weights
+        return None
+
+    def get_quant_method(self, layer: type, prefix: str) -> QuantMethod | None:
+        """The method for a layer of class `layer` whose checkpoint name is `prefix`; None = unquantized.
+
+        Linear layers (lamina.layers.linear's, and the LM head) are matched; anything else is never quantized.
+        """
+        from lamina.quant.wna16 import WNA16LinearMethod
+
+        if not _is_linear(layer):
+            return None
+        args = self.scheme_for("Linear", shard_names(prefix))
+        return None if args is None else WNA16LinearMethod(args)
+
+
+def shard_names(prefix: str) -> list[str]:
+    """A layer's checkpoint module names: a fused layer's shards, or the prefix itself."""
+    parent, _, leaf = prefix.rpartition(".")
+    shards = FUSED_MODULES.get(leaf)
+    if shards is None:
+        return [prefix]
+    return [f"{parent}.{shard}" if parent else shard for shard in shards]
+
+
+def _is_linear(layer: type) -> bool:
+    from lamina.layers.embedding import ParallelLMHead
+    from lamina.layers.linear import LinearBase
+
+    return isinstance(layer, type) and issubclass(layer, (LinearBase, ParallelLMHead))
+
+
+def _exact(target: str, layer_class: str, name: str) -> bool:
+    return target == name
+
+
+def _regex(target: str, layer_class: str, name: str) -> bool:
+    return target.startswith("re:") and re.match(target[3:], name) is not None
+
+
+def _klass(target: str, layer_class: str, name: str) -> bool:
+    return target == layer_class
+
+
+def _matches(target: str, layer_class: str, name: str) -> bool:
+    return _exact(target, layer_class, name) or _regex(target, layer_class, name) or _klass(target, layer_class, name)
+
+
+def parse_quant_config(raw: dict[str, Any] | None) -> QuantConfig | None:
+    """config.json's `quantization_config` -> QuantConfig (None when absent); ValueError naming the field
+    for a method, format or scheme lamina does not run."""
+    if not raw:
+        return None
+    if not isinstance(raw, dict):
+        raise ValueError(f"quantization_config: expected a JSON object, got {type(raw).__name__}")
+    from lamina.quant import compressed_tensors
+
+    parsers = {compressed_tensors.QUANT_METHOD: compressed_tensors.parse_config}
+    method = raw.get("quant_method")
+    if method not in parsers:
+        raise ValueError(f"quantization_config.quant_method: {method!r} is not supported; "
+                         f"supported: {sorted(parsers)}")
+    return parsers[method](raw)

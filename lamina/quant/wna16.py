@@ -1,0 +1,125 @@
+"""W4A16 / W8A16 weight-only integer linear layers (int8 and rtn4 checkpoints, and any compressed-tensors
+pack-quantized or naive-quantized weight-only scheme): w = (q - zero_point) * scale, per channel or group.
+
+Parameters of one layer (rows = the sum of its fused output sizes, groups = in / group_size or 1):
+
+    weight_packed      int32 [rows, ceil(in * b / 32)]   pack-quantized: the checkpoint's words as stored
+    weight             int8  [rows, in]                  naive-quantized instead of weight_packed
+    weight_scale       dtype [rows, groups]              the model dtype
+    weight_zero_point  int8  [rows, groups]              asymmetric only; unpacked when loaded (the checkpoint
+                                                         packs it along rows, across fused shards' borders)
+    weight_shape       int64 [shards, 2]                 each shard's (out, in), checked against the layer
+
+`apply` dequantizes the whole weight and multiplies (the reference path: exact, any device, not fast).
+A faster kernel plugs in at `kernel_for` without touching the models.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lamina.layers.linear import QuantMethod, copy_checked, set_weight_attrs
+from lamina.quant.config import WeightQuantArgs
+from lamina.quant.packing import packed_size, unpack_int32
+
+_QKV_INDEX = {"q": 0, "k": 1, "v": 2}
+Kernel = Callable[[nn.Module, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+def kernel_for(x: torch.Tensor, layer: nn.Module, args: WeightQuantArgs) -> Kernel | None:
+    """The hook for fast W4A16 / W8A16 kernels (Triton GEMV for decode-sized batches, GEMM for prefill,
+    issue #13): return one when x is on CUDA and triton imports, importing it lazily, as
+    lamina.layers.dispatch does. None (always, for now) runs the reference path. Never imports triton on CPU."""
+    return None
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None) -> torch.Tensor:
+    """(q - zero_point) * scale in the scale's dtype; q [rows, in], scale / zero_point [rows, groups]."""
+    rows, cols = q.shape
+    groups = scale.shape[1]
+    w = q.to(scale.dtype).view(rows, groups, cols // groups)
+    if zero_point is not None:
+        w = w - zero_point.to(scale.dtype).unsqueeze(-1)
+    return (w * scale.unsqueeze(-1)).view(rows, cols)
+
+
+class WNA16LinearMethod(QuantMethod):
+    """Integer weights (4 or 8 bits) with per-channel or per-group scales; activations in the model dtype."""
+
+    def __init__(self, args: WeightQuantArgs) -> None:
+        self.args = args
+        self.input_size = 0
+        self.output_sizes: list[int] = []
+
+    def create_weights(self, layer: Any, input_size: int, output_sizes: list[int],
+                       params_dtype: torch.dtype) -> None:
+        if getattr(layer, "tp_size", 1) > 1:
+            raise NotImplementedError("quantized layers under tensor parallelism arrive with lamina.distributed")
+        self.input_size, self.output_sizes = input_size, list(output_sizes)
+        rows, args = sum(output_sizes), self.args
+        groups = args.num_groups(input_size, type(layer).__name__)
+        group_dim = {"input_dim": 1} if args.strategy == "group" else {}
+        if args.layout == "pack-quantized":
+            self._add(layer, "weight_packed", torch.zeros(rows, packed_size(input_size, args.num_bits),
+                                                          dtype=torch.int32),
+                      {"input_dim": 1, "output_dim": 0, "packed_dim": 1, "pack_factor": 32 // args.num_bits})
+            self._add(layer, "weight_shape", torch.zeros(len(output_sizes), 2, dtype=torch.int64), {},
+                      loader=self._shape_loader)
+        else:
+            self._add(layer, "weight", torch.zeros(rows, input_size, dtype=torch.int8),
+                      {"input_dim": 1, "output_dim": 0})
+        self._add(layer, "weight_scale", torch.empty(rows, groups, dtype=params_dtype), {"output_dim": 0, **group_dim})
+        if not args.symmetric:
+            loader = self._packed_zero_point_loader(layer) if args.layout == "pack-quantized" else None
+            self._add(layer, "weight_zero_point", torch.zeros(rows, groups, dtype=torch.int8),
+                      {"output_dim": 0, **group_dim}, loader=loader)
+
+    @staticmethod
+    def _add(layer: Any, name: str, data: torch.Tensor, attrs: dict[str, Any], loader: Any = None) -> None:
+        param = nn.Parameter(data, requires_grad=False)
+        set_weight_attrs(param, {**attrs, "weight_loader": loader or layer.weight_loader})
+        layer.register_parameter(name, param)
+
+    def _shard(self, shard_id: Any) -> int:
+        index = _QKV_INDEX.get(shard_id, shard_id) if shard_id is not None else 0
+        if not isinstance(index, int) or not 0 <= index < len(self.output_sizes):
+            raise ValueError(f"shard_id {shard_id!r} does not name one of {len(self.output_sizes)} shard(s)")
+        return index
+
+    def _shape_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
+        """Check the checkpoint's weight_shape against this shard's (out, in), and keep it."""
+        index = self._shard(shard_id)
+        expected = (self.output_sizes[index], self.input_size)
+        if tuple(int(v) for v in loaded.flatten()) != expected:
+            raise ValueError(f"weight_shape: the checkpoint's {loaded.tolist()} is not the layer's {list(expected)}")
+        copy_checked(param[index], loaded.to(torch.int64).flatten(), "weight_shape")
+
+    def _packed_zero_point_loader(self, layer: Any) -> Callable[..., None]:
+        def load(param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
+            rows = self.output_sizes[self._shard(shard_id)]
+            unpacked = unpack_int32(loaded, self.args.num_bits, rows, dim=0)
+            if shard_id is None:
+                layer.weight_loader(param, unpacked)
+            else:
+                layer.weight_loader(param, unpacked, shard_id)
+        return load
+
+    def integer_weight(self, layer: Any) -> torch.Tensor:
+        """q [rows, in] as int8."""
+        if self.args.layout == "pack-quantized":
+            return unpack_int32(layer.weight_packed, self.args.num_bits, self.input_size, dim=1)
+        return layer.weight
+
+    def dequantized_weight(self, layer: Any) -> torch.Tensor:
+        """The weight this layer computes with, [rows, in] in the model dtype."""
+        return dequantize(self.integer_weight(layer), layer.weight_scale, getattr(layer, "weight_zero_point", None))
+
+    def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        kernel = kernel_for(x, layer, self.args)
+        if kernel is not None:
+            return kernel(layer, x, bias)
+        return F.linear(x, self.dequantized_weight(layer).to(x.dtype), bias)
