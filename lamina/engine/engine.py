@@ -88,8 +88,8 @@ class LLMEngine:
         self.input_processor = InputProcessor(self.tokenizer, limits, self._eos_token_ids())
         self.output_processor = OutputProcessor(self.tokenizer)
         if spec is not None and config.async_scheduling:
-            logger.info("speculative decoding (%s, k=%d): no step is launched ahead while drafting (drafts need "
-                        "each step's tokens)", spec.method, spec.num_speculative_tokens)
+            logger.info("speculative decoding (%s, k=%d): steps are launched ahead only while no request drafts "
+                        "(drafts need each step's tokens)", spec.method, spec.num_speculative_tokens)
         self._ids = itertools.count()
         self._inflight: InflightStep | None = None  # launched ahead, not yet processed
         self._current: list[Request] = []  # the requests of the step being run (they fail if it raises)
@@ -162,8 +162,9 @@ class LLMEngine:
         else:
             inflight, self._inflight = self._inflight, None
             scheduled, self._current, pending = inflight.scheduled, inflight.requests, inflight.pending
-        # A step runs ahead only without speculation (drafts need this step's tokens) and without failed rows.
-        if self.config.async_scheduling and self.speculator is None and not pending.failed:
+        # A step runs ahead only without failed rows, and while nobody drafts: not after a step that verifies
+        # drafts (Scheduler.schedule_ahead checks) or whose tokens the worker drafts from (draft_limits).
+        if self.config.async_scheduling and not scheduled.draft_limits and not pending.failed:
             ahead = self.scheduler.schedule_ahead(scheduled)
             if ahead is not None:
                 self._inflight = InflightStep(ahead, self._requests_of(ahead), self.executor.execute_model(ahead))

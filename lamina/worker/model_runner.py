@@ -44,7 +44,6 @@ class ModelRunner:
         self.device = device
         self.states = BatchState(PenaltyState(vocab_size, device))
         self.sampler = Sampler(generator=torch.Generator(device).manual_seed(seed))
-        self._generators: dict[str, torch.Generator] = {}
         self._step_keys = random.Random(seed)  # keys of the rows without a seed, fresh every step
         self._last: PendingStep | None = None  # the step launched last (a decode_ahead step reads its tokens)
         self.kernel_sampling = uses_sampling_kernel(device)  # the one place that picks the sampling path
@@ -77,8 +76,6 @@ class ModelRunner:
 
     def _execute(self, scheduled: SchedulerOutput) -> PendingStep:
         self.states.apply(scheduled)
-        for request_id in scheduled.finished_req_ids:
-            self._generators.pop(request_id, None)
         if self.drafter is not None:
             self.drafter.forget(scheduled.finished_req_ids + scheduled.preempted_req_ids)
         previous, self._last = self._last, None
@@ -93,15 +90,14 @@ class ModelRunner:
         if any(host.num_draft_tokens):
             self._last = self._draft_after(self._verify(logits, host), scheduled, host, hidden)
             return self._last
-        req_ids, held = host.sampling_req_ids, self.states.requests
-        params = [held[r].sampling_params for r in req_ids]
-        keys = self._philox_keys(params, host.sample_positions)
+        req_ids, positions = host.sampling_req_ids, host.sample_positions
         try:
-            out = self._sample(logits, req_ids, keys)
+            out = self._sample(logits, req_ids, positions)
         except Exception as err:  # noqa: BLE001 - one row's failure must not fail the batch
             if is_fatal(err):
                 raise
-            return self._draft_after(self._sample_isolating(logits, req_ids, keys, err), scheduled, host, hidden)
+            return self._draft_after(self._sample_isolating(logits, req_ids, positions, err), scheduled, host,
+                                     hidden)
         self._last = self._draft_after(self._pending(req_ids, out), scheduled, host, hidden)
         return self._last
 
@@ -116,15 +112,14 @@ class ModelRunner:
                                                host.draft_token_ids, positions)
         if not plain:
             return PendingStep([], None, failed=failed, on_result=self.states.record, verified=verified)
-        params = [self.states.requests[r].sampling_params for r in plain]
         positions = [p for p, k in zip(host.sample_positions, host.num_draft_tokens) if not k]
-        plain_logits, keys = _select_rows(logits, plain_rows, self.device), self._philox_keys(params, positions)
+        plain_logits = _select_rows(logits, plain_rows, self.device)
         try:
-            sampled = self._sample(plain_logits, plain, keys)
+            sampled = self._sample(plain_logits, plain, positions)
         except Exception as err:  # noqa: BLE001 - one row's failure must not fail the batch
             if is_fatal(err):
                 raise
-            return self._sample_isolating(plain_logits, plain, keys, err, failed, verified)
+            return self._sample_isolating(plain_logits, plain, positions, err, failed, verified)
         return self._pending(plain, sampled, failed, verified)
 
     def _verify_drafts(self, logits: torch.Tensor, spec: list[str], num_drafts: list[int], draft_ids: list[int],
@@ -137,8 +132,7 @@ class ModelRunner:
         rows = [r for r, k in zip(spec, num_drafts) for _ in range(k + 1)]
         row_positions = [p + j for p, k in zip(positions, num_drafts) for j in range(k + 1)]
         try:
-            params = [self.states.requests[r].sampling_params for r in rows]
-            out = self._sample(logits, rows, self._philox_keys(params, row_positions))
+            out = self._sample(logits, rows, row_positions)
         except Exception as err:  # noqa: BLE001 - the drafting requests end with the error, the others go on
             if is_fatal(err):
                 raise
@@ -155,11 +149,14 @@ class ModelRunner:
         return PendingStep(req_ids, out.sampled_token_ids, out.logprobs, num_logprobs, failed or {},
                            on_result=self.states.record, verified=verified)
 
-    def _sample(self, logits: torch.Tensor, req_ids: list[str], keys: list[int] | None) -> SamplerOutput:
+    def _sample(self, logits: torch.Tensor, req_ids: list[str], positions: list[int]) -> SamplerOutput:
+        """Row i samples req_ids[i]'s token at index positions[i] of its tokens; a seeded row's draw depends only
+        on its seed and that index (the kernel's philox key, or a torch generator seeded with the same key)."""
         held = self.states.requests
         states = [held[r] for r in req_ids]
         params = [s.sampling_params for s in states]
-        generators = {} if keys is not None else self._generators_for(req_ids, params)  # the torch path's
+        keys = self._philox_keys(params, positions)
+        generators = {} if keys is not None else _seeded_generators(params, positions, self.device)
         min_tokens = None
         if any(p.min_tokens for p in params):
             min_tokens = min_tokens_mask(params, [s.num_output_tokens for s in states],
@@ -169,17 +166,16 @@ class ModelRunner:
                                           min_tokens=min_tokens)
         return self.sampler(logits, metadata)
 
-    def _sample_isolating(self, logits: torch.Tensor, req_ids: list[str], keys: list[int] | None,
+    def _sample_isolating(self, logits: torch.Tensor, req_ids: list[str], positions: list[int],
                           err: Exception, failed: dict[str, str] | None = None,
                           verified: Verified | None = None) -> PendingStep:
         """The batch's sampling raised: the rows that raise alone fail (PendingStep.failed, with `failed`
         already), the others are sampled together again. If no row raises alone the batch is at fault: `err` is
-        raised again. (Only on this path, a seeded row's CPU generator may advance more than once for one
-        token.) `verified`: the step's verified drafts, which go along."""
+        raised again. `verified`: the step's verified drafts, which go along."""
         failed, earlier = {}, failed or {}
         for row, req_id in enumerate(req_ids):
             try:
-                self._sample(logits[row:row + 1], [req_id], None if keys is None else keys[row:row + 1])
+                self._sample(logits[row:row + 1], [req_id], positions[row:row + 1])
             except Exception as row_err:  # noqa: BLE001 - this row's request ends with the error
                 if is_fatal(row_err):
                     raise
@@ -191,8 +187,7 @@ class ModelRunner:
             return PendingStep([], None, failed={**earlier, **failed}, on_result=self.states.record,
                                verified=verified)
         kept = [req_ids[i] for i in rows]
-        out = self._sample(_select_rows(logits, rows, self.device), kept,
-                           None if keys is None else [keys[i] for i in rows])
+        out = self._sample(_select_rows(logits, rows, self.device), kept, [positions[i] for i in rows])
         self._last = self._pending(kept, out, {**earlier, **failed}, verified)
         return self._last
 
@@ -226,20 +221,15 @@ class ModelRunner:
             return None
         return philox_keys([p.seed for p in params], positions, self._step_keys.getrandbits(63))
 
-    def _generators_for(self, req_ids: list[str], params: list[SamplingParams]) -> dict[int, torch.Generator]:
-        """Row -> generator of the seeded rows. A request with a seed owns a generator for its whole life
-        (so its samples do not depend on what it is batched with); it is created the first time the
-        request samples. Any integer is a seed: torch takes 64 bits, so it gets `seed mod 2**64` (the key
-        the CUDA sampling kernel uses too, lamina.layers.sampling_metadata.philox_keys; the same generator
-        as before for every seed in [-2**63, 2**64))."""
-        rows: dict[int, torch.Generator] = {}
-        for row, (req_id, p) in enumerate(zip(req_ids, params)):
-            if p.seed is None:
-                continue
-            if req_id not in self._generators:
-                self._generators[req_id] = torch.Generator(self.device).manual_seed(p.seed % 2**64)
-            rows[row] = self._generators[req_id]
-        return rows
+
+def _seeded_generators(params: list[SamplingParams], positions: list[int],
+                       device: torch.device) -> dict[int, torch.Generator]:
+    """Row -> a generator of each seeded row on the torch path, seeded with the key the sampling kernel would use
+    (philox_keys: the seed and the index of the token sampled), so a seeded request's tokens do not depend on the
+    batch, on async scheduling, on preemption or on drafts. Any integer is a seed (the key is 64 bits)."""
+    keys = philox_keys([p.seed for p in params], positions, step_key=0)
+    return {row: torch.Generator(device).manual_seed(key % 2**64)
+            for row, (p, key) in enumerate(zip(params, keys)) if p.seed is not None}
 
 
 def _split_by_drafts(req_ids: list[str], num_drafts: list[int]

@@ -185,3 +185,11 @@ def test_the_adaptive_default_is_exact_and_decides_every_step(model_dir: str) ->
     spec = llm.engine.get_stats().spec
     assert spec.policy_steps > 0 and spec.policy_eligible >= spec.policy_steps
     llm.engine.check_integrity()
+
+
+def test_a_seeded_request_samples_the_same_tokens_with_and_without_drafts(model_dir: str) -> None:
+    """Every draw of a seeded request is keyed by its seed and the index of the token drawn, and a verify row
+    samples the same distribution as a plain step at that index: sampled output is token-identical too."""
+    seeded = [SamplingParams(temperature=0.8, top_k=20, seed=s, max_tokens=30, ignore_eos=True) for s in range(6)]
+    spec = run(model_dir, seeded, True)
+    assert spec == run(model_dir, seeded, False)
