@@ -126,7 +126,8 @@ def run(model_dir: str, methods: list[str], k: int, new_tokens: int, batch_sizes
         configs[label] = None if label == "off" else spec_config(label, k, draft_model, medusa_model)
         bar.set_description(f"spec {label}")
         llm = LLM(model=model_dir, speculative_config=configs[label], **engine_args)
-        llm.generate(["def f(x):"], SamplingParams(max_tokens=8), use_tqdm=False)  # warm-up
+        warm_up = [p for prompts in PROMPT_SETS.values() for p in prompts]  # every prompt length's kernels
+        llm.generate(warm_up, SamplingParams(max_tokens=8), use_tqdm=False)
         results[label] = {"batch_one": batch_one(llm, new_tokens, bar),
                           "throughput": throughput(llm, batch_sizes, new_tokens, bar)}
         llm.engine.check_integrity()
