@@ -1,4 +1,4 @@
-"""The `lamina` command: generate, chat, serve, bench, distill."""
+"""The `lamina` command: generate, chat, serve, bench, distill, quantize, eval."""
 from __future__ import annotations
 
 import argparse
@@ -121,11 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _register_optional(sub: argparse._SubParsersAction) -> None:
     from lamina.bench.cli import register as register_bench
     from lamina.distill.cli import register as register_distill
+    from lamina.quant.cli import register as register_quant
     from lamina.server.cli import register as register_serve
 
     register_serve(sub)
     register_bench(sub)
     register_distill(sub)
+    register_quant(sub)
 
 
 def _accept_after_subcommands(sub: argparse._SubParsersAction, flag: str, **kwargs: object) -> None:
