@@ -1,17 +1,17 @@
 """Speculative decoding: each method against none, in one process, on CPU or GPU (issue #12).
 
     python -m lamina.bench.spec [--model DIR] [--methods ngram,draft_model,medusa,early_exit] [--k 3]
-                                [--new-tokens 128] [--batch-sizes 1,8,32,128] [--result-file out.json]
+                                [--new-tokens 128] [--batch-sizes 1,8,32] [--repeats 3] [--result-file out.json]
 
 Batch 1: three prompt sets kept apart (acceptance depends on the language and the task): Python code to
 complete, chat turns, English prose. Each prompt runs alone, greedy and at temperature 0.6. Throughput: B
-prompts (the sets' prompts in turn) submitted together at temperature 0.6, for each batch size B. Engines are
-built one after the other (off first) with their default arguments, and each is shut down before the next.
+prompts (the sets' prompts in turn) submitted together at temperature 0.6, for each batch size B. All engines
+(off, then each method, with their default arguments) live at once and take turns on every row, `--repeats`
+times; the median is reported (the host's noise moved single batch-1 figures by up to 2x on the H200).
 A progress bar counts every generated token; at the end it prints the tables and writes JSON.
 """
 from __future__ import annotations
 
-import gc
 import itertools
 import sys
 import time
@@ -73,70 +73,73 @@ def _spec_fields(before: SpecDecodeStats, after: SpecDecodeStats) -> dict:
             "tokens_per_verify_step": 1 + accepted / steps if steps else 0.0}
 
 
-def batch_one(llm: LLM, new_tokens: int, bar) -> list[dict]:  # noqa: ANN001
-    """One row per prompt set and temperature: each prompt alone."""
+def _timed(llm: LLM, batches: list[tuple[list[str], SamplingParams]], bar) -> dict:  # noqa: ANN001
+    """One measurement: each (prompts, params) generated as one batch, in turn; tok/s over all of them."""
+    def run() -> int:
+        tokens = 0
+        for prompts, params in batches:
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            tokens += sum(len(o.outputs[0].token_ids) for o in outs)
+        bar.update(tokens)
+        return tokens
+    tokens, seconds, before, after, steps = _counted(llm, run)
+    return {"tok_s": tokens / seconds, **_spec_fields(before, after), **steps}
+
+
+def workloads(new_tokens: int, batch_sizes: list[int]) -> list[tuple[dict, list[tuple[list[str], SamplingParams]]]]:
+    """(row key, batches) of every row: batch 1 per prompt set and temperature (each prompt alone), then
+    throughput per batch size (that many prompts at once, temperature 0.6)."""
     rows = []
     for name, prompts in PROMPT_SETS.items():
         for temperature in TEMPERATURES:
             params = SamplingParams(temperature=temperature, max_tokens=new_tokens, ignore_eos=True, seed=0)
-
-            def run() -> int:
-                outs = [llm.generate([p], params, use_tqdm=False)[0].outputs[0] for p in prompts]
-                bar.update(sum(len(o.token_ids) for o in outs))
-                return sum(len(o.token_ids) for o in outs)
-            tokens, seconds, before, after, steps = _counted(llm, run)
-            rows.append({"prompts": name, "temperature": temperature, "tok_s": tokens / seconds,
-                         **_spec_fields(before, after), **steps})
-    return rows
-
-
-def throughput(llm: LLM, batch_sizes: list[int], new_tokens: int, bar) -> list[dict]:  # noqa: ANN001
-    """One row per batch size: that many prompts at once, temperature 0.6."""
+            rows.append(({"section": "batch_one", "prompts": name, "temperature": temperature},
+                         [([p], params) for p in prompts]))
     everything = [p for prompts in PROMPT_SETS.values() for p in prompts]
-    rows = []
     for size in batch_sizes:
-        prompts = list(itertools.islice(itertools.cycle(everything), size))
         params = SamplingParams(temperature=0.6, max_tokens=new_tokens, ignore_eos=True)
-
-        def run() -> int:
-            outs = llm.generate(prompts, params, use_tqdm=False)
-            bar.update(sum(len(o.outputs[0].token_ids) for o in outs))
-            return sum(len(o.outputs[0].token_ids) for o in outs)
-        tokens, seconds, before, after, steps = _counted(llm, run)
-        rows.append({"batch_size": size, "tok_s": tokens / seconds, **_spec_fields(before, after), **steps})
+        rows.append(({"section": "throughput", "batch_size": size},
+                     [(list(itertools.islice(itertools.cycle(everything), size)), params)]))
     return rows
 
 
-def _free_device_memory() -> None:
-    """After the last reference to an engine is gone: its KV cache and graphs go back to the device."""
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+def _median_row(key: dict, measured: list[dict]) -> dict:
+    """The measurement of median tok/s among the repeats (its own counters), with every repeat's tok/s."""
+    ordered = sorted(measured, key=lambda m: m["tok_s"])
+    return {**key, **ordered[len(ordered) // 2], "tok_s_repeats": [m["tok_s"] for m in measured]}
 
 
 def run(model_dir: str, methods: list[str], k: int, new_tokens: int, batch_sizes: list[int], engine_args: dict,
-        draft_model: str = DEMO_DRAFT, medusa_model: str | None = None, disable_progress: bool = False) -> dict:
+        draft_model: str = DEMO_DRAFT, medusa_model: str | None = None, repeats: int = 3,
+        disable_progress: bool = False) -> dict:
+    """Every engine is built first; then each row is measured `repeats` times, the engines taking turns within
+    each repeat (so that a slow spell of the host hits them all), and the median is kept."""
     from tqdm.auto import tqdm
 
     labels = ["off", *methods]
-    per_engine = (len(TEMPERATURES) * sum(map(len, PROMPT_SETS.values())) + sum(batch_sizes)) * new_tokens
-    bar = tqdm(total=len(labels) * per_engine, desc="spec", unit="tok", disable=disable_progress)
-    configs, results = {}, {}
-    for label in labels:
-        configs[label] = None if label == "off" else spec_config(label, k, draft_model, medusa_model)
-        bar.set_description(f"spec {label}")
-        llm = LLM(model=model_dir, speculative_config=configs[label], **engine_args)
-        warm_up = [p for prompts in PROMPT_SETS.values() for p in prompts]  # every prompt length's kernels
+    configs = {label: None if label == "off" else spec_config(label, k, draft_model, medusa_model) for label in labels}
+    engines = {label: LLM(model=model_dir, speculative_config=configs[label], **engine_args) for label in labels}
+    warm_up = [p for prompts in PROMPT_SETS.values() for p in prompts]  # every prompt length's kernels
+    for llm in engines.values():
         llm.generate(warm_up, SamplingParams(max_tokens=8), use_tqdm=False)
-        results[label] = {"batch_one": batch_one(llm, new_tokens, bar),
-                          "throughput": throughput(llm, batch_sizes, new_tokens, bar)}
-        llm.engine.check_integrity()
-        llm.engine.executor.shutdown()
-        del llm
-        _free_device_memory()
+    rows = workloads(new_tokens, batch_sizes)
+    per_engine = (len(TEMPERATURES) * sum(map(len, PROMPT_SETS.values())) + sum(batch_sizes)) * new_tokens
+    bar = tqdm(total=repeats * len(labels) * per_engine, desc="spec", unit="tok", disable=disable_progress)
+    measured = {label: [[] for _ in rows] for label in labels}
+    for _ in range(repeats):
+        for i, (_, batches) in enumerate(rows):
+            for label, llm in engines.items():
+                measured[label][i].append(_timed(llm, batches, bar))
     bar.close()
+    results = {}
+    for label, llm in engines.items():
+        llm.engine.check_integrity()
+        results[label] = {"batch_one": [], "throughput": []}
+        for (key, _), m in zip(rows, measured[label]):
+            row = _median_row(key, m)
+            results[label][row.pop("section")].append(row)
     return {"workload": "speculative decoding: batch 1 per prompt set, and throughput by batch size",
-            "model": model_dir, "new_tokens": new_tokens, "speculative_configs": configs,
+            "model": model_dir, "new_tokens": new_tokens, "repeats": repeats, "speculative_configs": configs,
             "engine_args": engine_args, "device": _device_name(), **run_info(), "results": results}
 
 
@@ -175,17 +178,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-sizes", default="1,8,32", help="throughput rows (comma-separated)")
     parser.add_argument("--draft-model", default=DEMO_DRAFT, help="the draft_model method's checkpoint")
     parser.add_argument("--medusa-model", default=None, help="the medusa method's heads directory")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=None,
-                        help="per engine (engines run one after the other; default: the engine's)")
+    parser.add_argument("--repeats", type=int, default=3, help="measurements of each row (the median is kept)")
+    parser.add_argument("--kv-cache-memory-bytes", type=int, default=None,
+                        help="per engine (all engines live at once; default on CUDA: 4 GiB each)")
     args = parser.parse_args(argv)
     methods = _csv(args.methods, str)
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:
         parser.error(f"--methods: unknown {unknown}; allowed: {list(METHODS)}")
-    engine_args = {} if args.gpu_memory_utilization is None else {"gpu_memory_utilization":
-                                                                   args.gpu_memory_utilization}
+    kv_bytes = args.kv_cache_memory_bytes or (4 << 30 if torch.cuda.is_available() else None)
+    engine_args = {} if kv_bytes is None else {"kv_cache_memory_bytes": kv_bytes}
     report = run(args.model, methods, args.k, args.new_tokens, _csv(args.batch_sizes, int), engine_args,
-                 args.draft_model, args.medusa_model, args.disable_tqdm)
+                 args.draft_model, args.medusa_model, args.repeats, args.disable_tqdm)
     print_tables(report)
     write_report(args.result_file, report)
     return 0

@@ -15,8 +15,8 @@ def test_spec_bench_writes_rows_for_every_engine(tmp_path, capsys):
     model = make_tiny_model("llama", tmp_path / "m", vocab_size=320)
     save_tiny_tokenizer(model, vocab_size=300)
     result = tmp_path / "spec.json"
-    assert main(["--model", str(model), "--new-tokens", "6", "--batch-sizes", "1,3", "--disable-tqdm",
-                 "--result-file", str(result)]) == 0
+    assert main(["--model", str(model), "--new-tokens", "6", "--batch-sizes", "1,3", "--repeats", "2",
+                 "--disable-tqdm", "--result-file", str(result)]) == 0
     results = json.loads(result.read_text())["results"]
     assert list(results) == ["off", "ngram"]
     for label, result in results.items():
@@ -27,6 +27,7 @@ def test_spec_bench_writes_rows_for_every_engine(tmp_path, capsys):
             assert row["tok_s"] > 0 and 0 <= row["acceptance_rate"] <= 1
             assert row["tokens_per_verify_step"] == 0 or 1 <= row["tokens_per_verify_step"] <= 4
             assert label == "ngram" or row["tokens_per_verify_step"] == 0
+            assert len(row["tok_s_repeats"]) == 2 and row["tok_s"] in row["tok_s_repeats"]
     assert "speed-up" in capsys.readouterr().out
 
 
