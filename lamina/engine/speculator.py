@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -19,6 +20,31 @@ from lamina.engine.request import Request
 from lamina.engine.spec_policy import SpecPolicy
 from lamina.spec.proposer import make_proposer
 from lamina.step import ModelRunnerOutput, SchedulerOutput
+
+
+MAX_REST = 32  # steps: the longest pause of the policy's decisions while speculation does not pay
+
+
+@dataclass
+class Rest:
+    """After a step for which the policy let nobody draft, the next 1, 2, 4, ... MAX_REST steps make no decision
+    at all (no proposal, no policy work), so that speculation which does not pay costs next to nothing; a step
+    with drafts resets the pause to 1."""
+
+    left: int = 0
+    length: int = 1
+
+    def resting(self) -> bool:
+        if self.left:
+            self.left -= 1
+            return True
+        return False
+
+    def decided(self, drafting: bool) -> None:
+        if drafting:
+            self.length = 1
+        else:
+            self.left, self.length = self.length, min(2 * self.length, MAX_REST)
 
 
 class Speculator:
@@ -31,6 +57,7 @@ class Speculator:
         self.policy = policy  # None: every request that may draft gets up to k drafts
         self.proposer = make_proposer(config)  # None: the worker drafts
         self._arrays = TokenArrays()  # the drafting requests' tokens as numpy arrays, for the n-gram proposer
+        self._rest = Rest()
 
     @property
     def num_lookahead_tokens(self) -> int:
@@ -39,7 +66,7 @@ class Speculator:
 
     def before_step(self, scheduled: SchedulerOutput, requests: list[Request]) -> None:
         """Ask the worker for drafts of the requests whose scheduled range reaches their end."""
-        if self.proposer is not None:
+        if self.proposer is not None or (self.policy is not None and self._rest.resting()):
             return
         ids = [r.request_id for r in requests]
         caps = [_limit_after_one_more(r, self.k, self.max_model_len)
@@ -47,26 +74,32 @@ class Speculator:
                 for r in requests]
         if self.policy is not None:
             caps = self.policy.draft_limits(ids, caps)
+            self._rest.decided(any(caps))
         scheduled.draft_limits.update((request_id, limit) for request_id, limit in zip(ids, caps) if limit)
 
     def after_step(self, scheduled: SchedulerOutput, result: ModelRunnerOutput, running: list[Request],
                    step_seconds: float) -> None:
         """Set the drafts of the next step (request.spec_token_ids); count the time of drafting and verifying."""
-        if scheduled.scheduled_spec_decode_tokens:
+        verified = bool(scheduled.scheduled_spec_decode_tokens)
+        if verified:
             self.stats.verify_seconds += step_seconds
+        if self.proposer is not None and self.policy is not None and self._rest.resting():
+            return  # nobody drafts: spec_token_ids are empty (settled after the last verify step)
         if self.policy is not None and not result.num_compiles:  # a step that compiled kernels is no cost sample
             self.policy.observe_scheduled(scheduled, step_seconds)
         start = time.perf_counter()
         if self.proposer is not None:
             propose_drafts(self.proposer, running, self.k, self.max_model_len, self._arrays, self.policy, self.stats)
-        else:
+            if self.policy is not None:
+                self._rest.decided(any(r.spec_token_ids for r in running))
+        elif verified or result.draft_token_ids:
             self._take_worker_drafts(result, running)
         self.stats.draft_seconds += time.perf_counter() - start
 
     def _take_worker_drafts(self, result: ModelRunnerOutput, running: list[Request]) -> None:
         """The worker's drafts, cut to max_drafts and to what still pays (the policy, with the drafts found)."""
         if self.policy is not None:
-            self.policy.observe_requests(running)
+            self.policy.observe_requests(running)  # the acceptance of the step's verified drafts
         for request in running:
             proposed = result.draft_token_ids.get(request.request_id, [])
             request.spec_token_ids = proposed[:max_drafts(request, self.k, self.max_model_len)]
