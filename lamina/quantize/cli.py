@@ -26,7 +26,7 @@ format that lamina, vLLM and transformers load (see docs/quantization.md).
 Accuracy gate: the quantized checkpoint is evaluated against MODEL with lamina's own forward (torch, float32):
 perplexity on held-out text and the mean KL divergence of the next-token distributions. Over budget, nothing
 is written and the exit status is 1, unless --force. Default budgets: int8 +1 % perplexity and KL 0.01;
-rtn4 +5 % and KL 0.1. Default held-out text: Python source shipped with lamina (lamina/quant/data/).
+rtn4 +5 % and KL 0.1. Default held-out text: Python source shipped with lamina (lamina/quantize/data/).
 DIR receives the checkpoint and quantize_summary.json (options, metrics, budgets).
 """
 
@@ -70,7 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _windows(args: argparse.Namespace, model_dir: str) -> list[list[int]]:
     from lamina.loader.tokenizer import Tokenizer
-    from lamina.quant.evaluate import DEFAULT_EVAL_TEXT, read_eval_texts, token_windows
+    from lamina.quantize.evaluate import DEFAULT_EVAL_TEXT, read_eval_texts, token_windows
 
     texts = read_eval_texts(args.eval_text or DEFAULT_EVAL_TEXT)
     return token_windows(texts, Tokenizer.from_pretrained(model_dir), args.window, args.max_eval_tokens)
@@ -130,8 +130,8 @@ def _group_size(args: argparse.Namespace, recipe: Any) -> int:
 
 
 def run_quantize(args: argparse.Namespace) -> int:
-    from lamina.quant.evaluate import evaluate
-    from lamina.quant.quantize import quantize_checkpoint
+    from lamina.quantize.evaluate import evaluate
+    from lamina.quantize.writer import quantize_checkpoint
 
     recipe = get_recipe(args.method)
     budgets, group_size, output = _budgets(args, recipe), _group_size(args, recipe), Path(args.output)
@@ -170,7 +170,7 @@ def _write_summary(directory: Path, args: argparse.Namespace, recipe: Any, done:
         "weights": asdict(done.args), "ignore": list(args.ignore), "quantized_layers": len(done.quantized),
         "weight_bytes": {"before": done.bytes_before, "after": done.bytes_after},
         "quantize_seconds": round(done.seconds, 2),
-        "evaluation": {"text": args.eval_text or "lamina/quant/data/heldout_python.jsonl", "window": args.window,
+        "evaluation": {"text": args.eval_text or "lamina/quantize/data/heldout_python.jsonl", "window": args.window,
                        "engine": f"lamina model forward, torch reference path, float32, {args.device}",
                        "seconds": round(eval_seconds, 2), **asdict(result), "ppl_increase": result.ppl_increase},
         "budgets": {"max_ppl_increase": budgets["ppl"], "max_kl": budgets["kl"]},
@@ -180,7 +180,7 @@ def _write_summary(directory: Path, args: argparse.Namespace, recipe: Any, done:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from lamina.quant.evaluate import evaluate
+    from lamina.quantize.evaluate import evaluate
 
     result = evaluate(args.model, _windows(args, args.model), args.baseline, args.device)
     print(_table(result, Path(args.model).name or "model"))

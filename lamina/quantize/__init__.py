@@ -1,0 +1,7 @@
+"""`lamina quantize` and `lamina eval`: the offline tool around lamina.quant (issue #13).
+
+It quantizes a checkpoint with a lamina.quant recipe (writer.py), evaluates it against the unquantized model
+with lamina's own forward (evaluate.py) and gates the write on the result (cli.py). It sits above the loader
+and the models, which use lamina.quant at run time: keeping it out of lamina.quant keeps the package's
+imports one-way (tests/test_imports.py).
+"""
