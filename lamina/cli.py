@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _register_optional(sub: argparse._SubParsersAction) -> None:
     from lamina.bench.cli import register as register_bench
     from lamina.distill.cli import register as register_distill
-    from lamina.quant.cli import register as register_quant
+    from lamina.quantize.cli import register as register_quant
     from lamina.server.cli import register as register_serve
 
     register_serve(sub)

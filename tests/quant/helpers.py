@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from lamina.loader.hf_config import load_model_arch
 from lamina.loader.model_loader import load_model
 from lamina.quant.config import shard_names
-from lamina.quant.quantize import quantize_checkpoint
+from lamina.quantize.writer import quantize_checkpoint
 from lamina.quant.recipe import get_recipe
 from tests.helpers.paged import PagedRunner
 from tests.helpers.tiny_models import make_tiny_model

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from lamina.cli import main
-from lamina.quant.evaluate import DEFAULT_EVAL_TEXT, read_eval_texts
+from lamina.quantize.evaluate import DEFAULT_EVAL_TEXT, read_eval_texts
 from tests.quant.helpers import tiny_model
 
 TEXT = "def add(a, b):\n    return a + b\n\nfor i in range(10):\n    print(i, add(i, i))\n" * 12

@@ -10,7 +10,7 @@ import torch
 
 from lamina import DEMO_MODEL, LLM, SamplingParams
 from lamina.quant.recipe import get_recipe
-from lamina.quant.quantize import quantize_checkpoint
+from lamina.quantize.writer import quantize_checkpoint
 from tests.quant.helpers import dequantized_checkpoint, lamina_logits, quantized, tiny_model
 
 TOKEN_PROMPTS = [{"prompt_token_ids": ids} for ids in ([5, 17, 33, 101, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9], [250, 3])]
