@@ -163,8 +163,9 @@ class LLMEngine:
             inflight, self._inflight = self._inflight, None
             scheduled, self._current, pending = inflight.scheduled, inflight.requests, inflight.pending
         # A step runs ahead only without failed rows, and while nobody drafts: not after a step that verifies
-        # drafts (Scheduler.schedule_ahead checks) or whose tokens the worker drafts from (draft_limits).
-        if self.config.async_scheduling and not scheduled.draft_limits and not pending.failed:
+        # drafts (Scheduler.schedule_ahead checks), nor when the speculator decides on the next one's drafts.
+        if self.config.async_scheduling and not pending.failed and not (self.speculator and
+                                                                         self.speculator.wants_sync()):
             ahead = self.scheduler.schedule_ahead(scheduled)
             if ahead is not None:
                 self._inflight = InflightStep(ahead, self._requests_of(ahead), self.executor.execute_model(ahead))

@@ -28,8 +28,8 @@ MAX_REST = 32  # steps: the longest pause of the policy's decisions while specul
 @dataclass
 class Rest:
     """After a step for which the policy let nobody draft, the next 1, 2, 4, ... MAX_REST steps make no decision
-    at all (no proposal, no policy work), so that speculation which does not pay costs next to nothing; a step
-    with drafts resets the pause to 1."""
+    at all (no proposal, no policy work) and may be launched ahead (async scheduling), so that speculation which
+    does not pay costs next to nothing; a step with drafts resets the pause to 1."""
 
     left: int = 0
     length: int = 1
@@ -64,9 +64,14 @@ class Speculator:
         """KV slots past a request's tokens that the worker's proposer writes into (0 for n-gram)."""
         return 0 if self.proposer is not None else self.k
 
+    def wants_sync(self) -> bool:
+        """Whether the next step must wait for this one's tokens (no step launched ahead): always without the
+        policy (k fixed), and with it whenever a decision is due (not during a pause)."""
+        return self.policy is None or not self._rest.left
+
     def before_step(self, scheduled: SchedulerOutput, requests: list[Request]) -> None:
         """Ask the worker for drafts of the requests whose scheduled range reaches their end."""
-        if self.proposer is not None or (self.policy is not None and self._rest.resting()):
+        if self.proposer is not None or (self.policy is not None and self._rest.left):
             return
         ids = [r.request_id for r in requests]
         caps = [_limit_after_one_more(r, self.k, self.max_model_len)
@@ -83,7 +88,8 @@ class Speculator:
         verified = bool(scheduled.scheduled_spec_decode_tokens)
         if verified:
             self.stats.verify_seconds += step_seconds
-        if self.proposer is not None and self.policy is not None and self._rest.resting():
+        resting = self.policy is not None and self._rest.resting()  # one step of the pause passes
+        if self.proposer is not None and resting:
             return  # nobody drafts: spec_token_ids are empty (settled after the last verify step)
         if self.policy is not None and not result.num_compiles:  # a step that compiled kernels is no cost sample
             self.policy.observe_scheduled(scheduled, step_seconds)

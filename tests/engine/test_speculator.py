@@ -35,3 +35,21 @@ def test_an_engine_whose_drafts_do_not_pay_rarely_decides(tmp_path) -> None:
     stats = llm.engine.get_stats()
     assert stats.spec.policy_off_steps > 0 and stats.spec.policy_steps < stats.num_steps / 3
     llm.engine.check_integrity()
+
+
+def test_a_worker_side_proposer_is_asked_again_after_each_pause(tmp_path) -> None:
+    """Steps launched ahead during a pause skip before_step; the pause still ends (every processed step counts)
+    and the next step waits for its tokens, so the policy decides again: a regression where an ahead chain
+    never ended and a draft model was never asked again."""
+    model = make_tiny_model("llama", tmp_path / "m", vocab_size=320)
+    params = SamplingParams(temperature=0, max_tokens=150, ignore_eos=True)
+    prompts = [{"prompt_token_ids": [5, 6, 7, 8]}]
+    want = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64).generate(prompts, params, use_tqdm=False)
+    llm = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64,
+              speculative_config={"method": "draft_model", "model": str(model), "num_speculative_tokens": 2})
+    llm.engine.step_log = []
+    got = llm.generate(prompts, params, use_tqdm=False)
+    assert got[0].outputs[0].token_ids == want[0].outputs[0].token_ids
+    kinds = [step.kind for step in llm.engine.step_log]
+    assert "decode ahead" in kinds and kinds.count("decode") + kinds.count("verify") >= 4  # paused, then asked
+    llm.engine.check_integrity()
