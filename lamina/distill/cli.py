@@ -1,4 +1,5 @@
-"""`lamina distill`: train a small draft / student model from a teacher's next-token distributions."""
+"""`lamina distill`: train a small draft / student model from a teacher's next-token distributions, or (with
+`--method medusa`) Medusa heads on the teacher itself (lamina/distill/medusa.py)."""
 from __future__ import annotations
 
 import argparse
@@ -30,16 +31,29 @@ perplexity and the greedy agreement with the teacher (k look-ahead) are measured
 
 --out receives a Hugging Face checkpoint (config.json, model.safetensors in bf16, generation_config.json,
 the teacher's tokenizer files) and distill_summary.json (options, loss curve, evaluation).
+
+--method medusa trains K Medusa heads (--num-heads) on the frozen teacher instead of a student (no
+--student-config): the teacher runs once over --train-tokens of train.bin, its final hidden states are
+cached, and each head learns the teacher's own prediction 2 + j tokens ahead, with the same loss weights
+(KL to the teacher's distribution there, CE to its greedy token; the shipped demo heads used --kl-weight 0
+--ce-weight 1, as good and 5x cheaper on CPU). A step draws --batch-size windows of
+--seq-len cached positions. --out receives a head directory (config.json, model.safetensors in bf16) for
+speculative_config {"method": "medusa", "model": OUT}, and distill_summary.json with each head's held-out
+top-1 agreement with the teacher (--eval-tokens) and on greedy continuations (--agreement-positions).
 """
+
+METHODS = ("draft_model", "medusa")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `lamina distill` (also used by `python -m lamina.distill`)."""
     a = parser.add_argument
+    a("--method", choices=METHODS, default="draft_model",
+      help="draft_model: train a student model (default); medusa: train Medusa heads on the teacher")
     a("--teacher", required=True, help="teacher model directory (HF checkpoint, loadable by transformers)")
-    a("--student-config", required=True,
+    a("--student-config",
       help="JSON file of student config fields (LlamaConfig names; model_type defaults to llama, "
-           "vocab_size to the teacher's) or a model directory whose config.json to copy")
+           "vocab_size to the teacher's) or a model directory whose config.json to copy (draft_model: required)")
     a("--data", required=True, help="token data directory: meta.json, train.bin, heldout.bin (see above)")
     a("--out", required=True, help="output directory for the student checkpoint")
     a("--steps", type=int, default=None, help="optimizer steps (default 2000; with --time-budget an upper bound)")
@@ -65,6 +79,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--k", type=int, default=4, help="look-ahead of the greedy agreement rate (default 4)")
     a("--log-every", type=int, default=50, help="steps between loss readings (default 50)")
     a("--no-progress", action="store_true", help="no progress bar")
+    a("--num-heads", type=int, default=4, help="medusa: number of heads, K (default 4)")
+    a("--train-tokens", type=int, default=2_000_000,
+      help="medusa: train.bin tokens to run the teacher over and cache in CPU memory, hidden_size x 2 bytes "
+           "each (default 2e6)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -98,6 +116,12 @@ def _check_positions(model: torch.nn.Module, seq_len: int, who: str) -> None:
 def run(args: argparse.Namespace) -> int:
     """Handler of `lamina distill`: train, save, evaluate, write distill_summary.json."""
     cfg = config_from_args(args)
+    if args.method == "medusa":
+        from .medusa import run_medusa
+
+        return run_medusa(args, cfg)
+    if args.student_config is None:
+        raise ValueError("--student-config is required by --method draft_model")
     device = resolve_device(cfg.device)
     data = TokenData.load(args.data)
     teacher_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
