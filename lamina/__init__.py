@@ -12,9 +12,10 @@ from lamina.sampling_params import RequestOutputKind, SamplingParams
 _ASSETS = Path(__file__).resolve().parent / "assets"
 DEMO_MODEL = str(_ASSETS / "demo-model")
 DEMO_DRAFT = str(_ASSETS / "demo-draft")
+DEMO_MEDUSA = str(_ASSETS / "demo-medusa")  # Medusa heads of DEMO_MODEL (lamina distill --method medusa)
 
 __all__ = ["LLM", "SamplingParams", "RequestOutputKind", "RequestOutput", "CompletionOutput", "DEMO_MODEL",
-           "DEMO_DRAFT"]
+           "DEMO_DRAFT", "DEMO_MEDUSA"]
 __version__ = "0.1.0"
 
 

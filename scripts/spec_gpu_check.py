@@ -18,7 +18,7 @@ import sys
 import torch
 from scipy.stats import chisquare
 
-from lamina import DEMO_DRAFT, DEMO_MODEL, LLM, SamplingParams
+from lamina import DEMO_MODEL, LLM, SamplingParams
 from lamina.bench.spec import PROMPT_SETS, spec_config
 from lamina.layers.rejection_sampler import RejectionSampler
 from lamina.layers.sampling_metadata import SamplingMetadata
@@ -52,7 +52,7 @@ def greedy_identity(methods: list[str], new_tokens: int) -> dict:
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     outputs = {}
     for label in ["off", *methods]:
-        config = None if label == "off" else spec_config(label, 3, DEMO_DRAFT, None)
+        config = None if label == "off" else spec_config(label, 3)
         llm = LLM(model=DEMO_MODEL, speculative_config=config, gpu_memory_utilization=0.6)
         outputs[label] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         llm.engine.check_integrity()

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from lamina import DEMO_DRAFT, LLM, SamplingParams
+from lamina import DEMO_DRAFT, DEMO_MEDUSA, LLM, SamplingParams
 from lamina.bench.cpu_report import cpu_bench_parser, run_info, write_report
 from lamina.engine.drafts import SpecDecodeStats
 
@@ -40,7 +40,7 @@ TEMPERATURES = (0.0, 0.6)
 METHODS = ("ngram", "draft_model", "medusa", "early_exit")
 
 
-def spec_config(method: str, k: int, draft_model: str, medusa_model: str | None) -> dict:
+def spec_config(method: str, k: int, draft_model: str = DEMO_DRAFT, medusa_model: str = DEMO_MEDUSA) -> dict:
     models = {"draft_model": draft_model, "medusa": medusa_model}
     return {"method": method, "num_speculative_tokens": k, **({"model": models[method]} if method in models else {})}
 
@@ -110,7 +110,7 @@ def _median_row(key: dict, measured: list[dict]) -> dict:
 
 
 def run(model_dir: str, methods: list[str], k: int, new_tokens: int, batch_sizes: list[int], engine_args: dict,
-        draft_model: str = DEMO_DRAFT, medusa_model: str | None = None, repeats: int = 3,
+        draft_model: str = DEMO_DRAFT, medusa_model: str = DEMO_MEDUSA, repeats: int = 3,
         disable_progress: bool = False) -> dict:
     """Every engine is built first; then each row is measured `repeats` times, the engines taking turns within
     each repeat (so that a slow spell of the host hits them all), and the median is kept."""
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", type=int, default=3, help="num_speculative_tokens")
     parser.add_argument("--batch-sizes", default="1,8,32", help="throughput rows (comma-separated)")
     parser.add_argument("--draft-model", default=DEMO_DRAFT, help="the draft_model method's checkpoint")
-    parser.add_argument("--medusa-model", default=None, help="the medusa method's heads directory")
+    parser.add_argument("--medusa-model", default=DEMO_MEDUSA, help="the medusa method's heads directory")
     parser.add_argument("--repeats", type=int, default=3, help="measurements of each row (the median is kept)")
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=None,
                         help="per engine (all engines live at once; default on CUDA: 4 GiB each)")
