@@ -38,11 +38,16 @@ PROMPT_SETS = {
 }
 TEMPERATURES = (0.0, 0.6)
 METHODS = ("ngram", "draft_model", "medusa", "early_exit")
+FIXED = "-fixed"  # a label suffix: the method with the adaptive policy off
 
 
-def spec_config(method: str, k: int, draft_model: str = DEMO_DRAFT, medusa_model: str = DEMO_MEDUSA) -> dict:
+def spec_config(label: str, k: int, draft_model: str = DEMO_DRAFT, medusa_model: str = DEMO_MEDUSA) -> dict:
+    """The speculative_config of a bench label: a method, or METHOD-fixed for that method with k fixed (the
+    adaptive policy off: a tuned row)."""
+    method = label.removesuffix(FIXED)
     models = {"draft_model": draft_model, "medusa": medusa_model}
-    return {"method": method, "num_speculative_tokens": k, **({"model": models[method]} if method in models else {})}
+    config = {"method": method, "num_speculative_tokens": k, **({"model": models[method]} if method in models else {})}
+    return {**config, "adaptive": False} if label.endswith(FIXED) else config
 
 
 def _counted(llm: LLM, run) -> tuple[int, float, SpecDecodeStats, SpecDecodeStats, dict]:  # noqa: ANN001
@@ -173,7 +178,8 @@ def _csv(text: str, cast) -> list:  # noqa: ANN001
 
 def main(argv: list[str] | None = None) -> int:
     parser = cpu_bench_parser(__doc__)
-    parser.add_argument("--methods", default="ngram", help=f"comma-separated, of {', '.join(METHODS)}")
+    parser.add_argument("--methods", default="ngram",
+                        help=f"comma-separated, of {', '.join(METHODS)}; METHOD{FIXED}: with k fixed (no policy)")
     parser.add_argument("--k", type=int, default=3, help="num_speculative_tokens")
     parser.add_argument("--batch-sizes", default="1,8,32", help="throughput rows (comma-separated)")
     parser.add_argument("--draft-model", default=DEMO_DRAFT, help="the draft_model method's checkpoint")
@@ -183,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="per engine (all engines live at once; default on CUDA: 4 GiB each)")
     args = parser.parse_args(argv)
     methods = _csv(args.methods, str)
-    unknown = sorted(set(methods) - set(METHODS))
+    unknown = sorted(m for m in methods if m.removesuffix(FIXED) not in METHODS)
     if unknown:
         parser.error(f"--methods: unknown {unknown}; allowed: {list(METHODS)}")
     kv_bytes = args.kv_cache_memory_bytes or (4 << 30 if torch.cuda.is_available() else None)
