@@ -90,12 +90,18 @@ def qk_norm_rotary_ops(q: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm,
     return fused_ops_for(q, kernels) if usable else None
 
 
+# Rows up to which the GEMV runs instead of cuBLAS: at 2-4 rows (a verify step of k <= 3 drafts, batch 2-4
+# decodes) cuBLAS beat it on every Llama-3-8B shape on the H200, e.g. gate_up 70 vs 126 us at 4 rows, the LM head
+# 258 vs 536 us (docs/notes/2026-12-01-h200-gemv-rows.txt); at 1 row the GEMV wins on qkv and gate_up.
+GEMV_MAX_ROWS = 1
+
+
 def gemv_for(x: torch.Tensor, weight: torch.Tensor, kernels: KernelChoice) -> ModuleType | None:
-    """lamina.kernels.gemv when `kernels.gemv`, x is a 16-bit CUDA tensor of 1..gemv.MAX_M rows, the
+    """lamina.kernels.gemv when `kernels.gemv`, x is a 16-bit CUDA tensor of 1..GEMV_MAX_ROWS rows, the
     weight is contiguous and in x's dtype, and triton imports; else None (cuBLAS)."""
     if not (kernels.gemv and on_kernel_device(x) and x.dtype in GEMV_DTYPES
             and weight.dtype == x.dtype and weight.is_contiguous()):
         return None
     gemv = _gemv_module()
     rows = x.numel() // max(1, x.shape[-1])
-    return gemv if gemv is not None and 1 <= rows <= gemv.MAX_M else None
+    return gemv if gemv is not None and 1 <= rows <= min(GEMV_MAX_ROWS, gemv.MAX_M) else None

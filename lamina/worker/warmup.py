@@ -3,17 +3,17 @@
 Triton compiles a kernel the first time it meets a new combination of its constexprs: for the
 attention kernels, the decode kernel's MAX_Q (1: pure decode; DECODE_MAX_Q: decode rows mixed with
 a prefill) and split / no split, the prefill kernel's short / long tiles; for the GEMV, its row count
-M (1..4). CUDA-graph capture compiles the pure-decode graphs only. Without this warm-up the other
-variants compile inside the first steps that need them, about a second each on an H200 host (W1 lost
-10 of its 16 seconds that way). The variants are compiled together, on a thread pool (`precompile`), not
-one after another. Each warm-up batch below is one eager forward over the real KV cache that stores
-nothing (every slot -1) and reads only the null block 0:
+M (up to lamina.layers.dispatch.GEMV_MAX_ROWS). CUDA-graph capture compiles the pure-decode graphs only.
+Without this warm-up the other variants compile inside the first steps that need them, about a second each
+on an H200 host (W1 lost 10 of its 16 seconds that way). The variants are compiled together, on a thread
+pool (`precompile`), not one after another. Each warm-up batch below is one eager forward over the real KV
+cache that stores nothing (every slot -1) and reads only the null block 0:
 
     rows (q_len, seq_len)                                   compiles
     [(long, long), (1, max_model_len), (1, 17)]             prefill long tiles, decode MAX_Q=8 split
     [(64, 64), (1, 40), (8, 48)]                            prefill short tiles, decode MAX_Q=8 no split
     [(1, max_model_len), (1, 3)]                            decode MAX_Q=1 split (eager: graphs off)
-    [(1, 30)] * m, m = 1..4                                 decode MAX_Q=1 no split, GEMV M=m
+    [(1, 30)] * m, m = 1..4                                 decode MAX_Q=1 no split, GEMV M=1 (more: cuBLAS)
     then the sampling kernel on one row of logits           temperature only; with top-p
 """
 from __future__ import annotations

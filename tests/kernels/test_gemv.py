@@ -154,7 +154,7 @@ def test_default_config_follows_the_device_sm_count() -> None:
 
 
 def _route_cpu_to_gemv(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Make dispatch treat CPU tensors as CUDA ones and take float32 too (rows <= MAX_M then go to the
+    """Make dispatch treat CPU tensors as CUDA ones and take float32 too (rows <= GEMV_MAX_ROWS then go to the
     interpreted GEMV; every other condition of dispatch.gemv_for applies as on a GPU); returns the list of
     row counts the GEMV was called with."""
     calls: list[int] = []
@@ -182,11 +182,12 @@ def test_decode_rows_of_linear_layers_and_lm_head_take_the_gemv(monkeypatch: pyt
     qkv.bias.data.copy_(torch.randn(qkv.bias.shape, generator=gen))
     head = ParallelLMHead(50, 40)
     head.weight.data.copy_(torch.randn(head.weight.shape, generator=gen))
-    for rows in (1, MAX_M, MAX_M + 1):
+    for rows in (1, dispatch.GEMV_MAX_ROWS, dispatch.GEMV_MAX_ROWS + 1, MAX_M + 1):
         x = torch.randn(rows, 40, generator=gen)
         torch.testing.assert_close(qkv(x), F.linear(x, qkv.weight, qkv.bias), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(head.compute_logits(x), F.linear(x, head.weight), atol=1e-5, rtol=1e-5)
-    assert calls == [1, 1, MAX_M, MAX_M]  # MAX_M + 1 rows: cuBLAS
+    limit = dispatch.GEMV_MAX_ROWS
+    assert calls == [1, 1, limit, limit]  # more rows: cuBLAS
     off = KernelChoice(gemv=False)  # a model built with the GEMV off: cuBLAS at every batch size
     qkv_off = linear.QKVParallelLinear(40, 8, 3, 1, bias=True, kernels=off)
     head_off = ParallelLMHead(50, 40, kernels=off)
@@ -195,4 +196,4 @@ def test_decode_rows_of_linear_layers_and_lm_head_take_the_gemv(monkeypatch: pyt
     x = torch.randn(1, 40, generator=gen)
     torch.testing.assert_close(qkv_off(x), F.linear(x, qkv.weight, qkv.bias), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(head_off.compute_logits(x), F.linear(x, head.weight), atol=1e-5, rtol=1e-5)
-    assert calls == [1, 1, MAX_M, MAX_M]
+    assert calls == [1, 1, limit, limit]
