@@ -7,8 +7,7 @@ import pytest
 
 from lamina.engine import drafts
 from lamina.engine.request import Request
-from lamina.engine.spec_policy import SpecPolicy, expected_accepted
-from lamina.engine.step_cost import StepCostModel
+from lamina.engine.spec_policy import SpecPolicy, StepCostModel, expected_accepted
 from lamina.sampling_params import SamplingParams
 from lamina.spec.ngram import NgramProposer
 
@@ -16,15 +15,10 @@ GRAPHS = {"graph_query_lens": (1, 4), "graph_max_rows": 256}  # decode and k = 3
 
 
 class Exact:
-    """A cost model that knows the curve (to test the choice alone): every step size counts as measured."""
-
-    min_samples = 3
+    """A cost model that knows the curve (to test the choice alone)."""
 
     def __init__(self, fn) -> None:
         self.fn = fn
-
-    def num_samples(self, tokens) -> int:
-        return self.min_samples
 
     def cost(self, tokens):
         return self.fn(np.asarray(tokens, dtype=np.float64))
@@ -183,37 +177,16 @@ def test_cost_model_before_and_beyond_its_measurements() -> None:
 
 
 def test_cold_start_measures_then_decides() -> None:
-    """Nothing is decided on an extrapolated cost: the step with drafts is measured min_samples times, then
-    the plain step, then the measurements decide."""
     policy, ids = SpecPolicy(), [f"r{i}" for i in range(4)]
-    for _ in range(3):
-        assert policy.draft_limits(ids, [3] * 4) == [3] * 4  # probe: the step with drafts
-        policy.observe_step(16, 0.016)  # 16 tokens, compute bound
-    for _ in range(3):
-        assert policy.draft_limits(ids, [3] * 4) == [0] * 4  # probe: the plain step
-        policy.observe_step(4, 0.004)
-    assert policy.draft_limits(ids, [3] * 4) == [0] * 4  # decided: verifying costs what it yields
+    assert policy.draft_limits(ids, [3] * 4) == [3] * 4  # prior 0.5, nothing measured
+    policy.observe_step(16, 0.016)  # the verify step: 16 tokens, compute bound
+    assert policy.draft_limits(ids, [3] * 4) == [0] * 4
+    policy.observe_step(4, 0.004)  # the plain step confirms it
+    assert policy.draft_limits(ids, [3] * 4) == [0] * 4
     gpu = SpecPolicy()
-    for _ in range(3):
-        gpu.observe_step(16, 0.010)
-        gpu.observe_step(4, 0.0099)
+    gpu.observe_step(16, 0.010)
+    gpu.observe_step(4, 0.0099)
     assert gpu.draft_limits(ids, [3] * 4) == [3] * 4
-
-
-def test_a_batch_size_measured_only_at_other_sizes_is_probed() -> None:
-    """Steps measured only at large batches said nothing about batch 1: extrapolated, a batch-1 verify of 4
-    tokens looked 4x a decode and was never tried (H200: 0 drafts at batch 1). Now it is measured first."""
-    policy = SpecPolicy(graph_query_lens=(1, 4), graph_max_rows=256)
-    for _ in range(3):
-        policy.observe_step(96, 0.0012)  # batch 24 verify steps (24 rows x q 4)
-        policy.observe_step(24, 0.0009)  # batch 24 decodes
-    assert policy.draft_limits(["a"], [3]) == [3]  # batch 1: the verify step is probed
-    for _ in range(3):
-        policy.observe_step(4, 0.0007)
-    assert policy.draft_limits(["a"], [3]) == [0]  # then the plain step
-    for _ in range(3):
-        policy.observe_step(1, 0.00045)
-    assert policy.draft_limits(["a"], [3]) == [3]  # measured: 1.875 tokens per 0.7 ms beat 1 per 0.45 ms
 
 
 def test_prompt_steps_are_not_measured() -> None:
