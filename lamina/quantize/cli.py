@@ -12,8 +12,11 @@ from typing import Any
 
 from lamina import DEMO_MODEL, __version__
 from lamina.quant.recipe import get_recipe, method_names
+from lamina.quantize.calibration import DEFAULT_NUM_SAMPLES, DEFAULT_SEQ_LEN
+from lamina.quantize.gate import budgets, not_better, over_budget, table
 
 SUMMARY = "quantize_summary.json"
+METHODS = [*method_names(), "gptq", "awq"]  # the last two: lamina/quantize/methods.py
 GATE_FAILED = 1  # exit status when over budget (errors exit 2, as in every lamina command)
 
 QUANTIZE_DESCRIPTION = """\
@@ -22,11 +25,19 @@ format that lamina, vLLM and transformers load (see docs/quantization.md).
 
   int8  W8A16: int8 weights, one symmetric scale per output channel (round to nearest)
   rtn4  W4A16: int4 weights, a scale and zero point per group of --group-size input columns (round to nearest)
+  gptq  W4A16 as rtn4, calibrated: GPTQ (Hessian-based error compensation; --act-order)
+  awq   W4A16 as rtn4, calibrated: AWQ (activation-aware channel scales, clipping)
+
+Calibration (gptq, awq): --num-samples sequences of up to 512 tokens from --calib (a .jsonl file of
+{"text": ...} lines; default: Python source shipped with lamina that the gate's held-out text does not
+overlap). Layers are calibrated one after another on the outputs of the layers already quantized.
 
 Accuracy gate: the quantized checkpoint is evaluated against MODEL with lamina's own forward (torch, float32):
 perplexity on held-out text and the mean KL divergence of the next-token distributions. Over budget, nothing
 is written and the exit status is 1, unless --force. Default budgets: int8 +1 % perplexity and KL 0.01;
-rtn4 +5 % and KL 0.1. Default held-out text: Python source shipped with lamina (lamina/quantize/data/).
+rtn4, gptq and awq +5 % and KL 0.1, and gptq / awq must have a lower perplexity than rtn4 with the same
+group size (the gate quantizes with rtn4 too and shows it in the table). Default held-out text: Python
+source shipped with lamina (lamina/quantize/data/).
 DIR receives the checkpoint and quantize_summary.json (options, metrics, budgets).
 """
 
@@ -40,13 +51,24 @@ def _add_eval_args(parser: argparse.ArgumentParser) -> None:
     a("--device", default="cpu", help="where the evaluation runs: cpu (default), cuda, cuda:N")
 
 
+def _add_calibration_args(parser: argparse.ArgumentParser) -> None:
+    a = parser.add_argument
+    a("--calib", default=None, metavar="FILE.jsonl",
+      help="calibration text for gptq / awq, one {'text': ...} a line (default: lamina's sample)")
+    a("--num-samples", type=int, default=None, metavar="N",
+      help=f"calibration sequences of up to {DEFAULT_SEQ_LEN} tokens, gptq / awq (default {DEFAULT_NUM_SAMPLES})")
+    a("--act-order", action="store_true",
+      help="gptq: quantize columns by decreasing activation energy (groups stay in place: actorder 'static')")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    q = sub.add_parser("quantize", help="quantize a checkpoint (int8, rtn4), check its accuracy, write it",
+    q = sub.add_parser("quantize", help="quantize a checkpoint (int8, rtn4, gptq, awq), check its accuracy, "
+                                        "write it",
                        description=QUANTIZE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     q.add_argument("model", help="the unquantized model directory")
-    q.add_argument("--method", required=True, choices=method_names(), help="int8 or rtn4 (see above)")
+    q.add_argument("--method", required=True, choices=METHODS, help="int8, rtn4, gptq or awq (see above)")
     q.add_argument("--group-size", type=int, default=None,
-                   help="input columns per scale group, rtn4 only (default 128)")
+                   help="input columns per scale group, rtn4 / gptq / awq (default 128)")
     q.add_argument("--output", required=True, metavar="DIR", help="where to write the quantized checkpoint")
     q.add_argument("--force", action="store_true", help="write the checkpoint even when over budget")
     q.add_argument("--max-ppl-increase", type=float, default=None, metavar="PCT",
@@ -56,6 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--ignore", nargs="*", default=["lm_head"], metavar="TARGET",
                    help="layers left unquantized: names or 're:<regex>' (default: lm_head)")
     q.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_calibration_args(q)
     _add_eval_args(q)
     q.set_defaults(func=run_quantize)
     e = sub.add_parser("eval", help="perplexity of a model on held-out text; with --baseline, KL against it",
@@ -76,46 +99,9 @@ def _windows(args: argparse.Namespace, model_dir: str) -> list[list[int]]:
     return token_windows(texts, Tokenizer.from_pretrained(model_dir), args.window, args.max_eval_tokens)
 
 
-def _table(result: Any, name: str, budgets: dict[str, float] | None = None) -> str:
-    """The results as a small text table (budgets: {"ppl": relative, "kl": nats})."""
-    budgets = budgets or {}
-    rows = [("metric", "baseline", name, "change", "budget")]
-    if result.baseline_perplexity is None:
-        rows.append(("perplexity", "-", f"{result.perplexity:.4f}", "-", "-"))
-    else:
-        ppl_budget = f"+{100 * budgets['ppl']:.2f} %" if "ppl" in budgets else "-"
-        rows.append(("perplexity", f"{result.baseline_perplexity:.4f}", f"{result.perplexity:.4f}",
-                     f"{100 * result.ppl_increase:+.2f} %", ppl_budget))
-        rows.append(("KL (nats/token)", "0", f"{result.kl:.5f}", "-", f"{budgets['kl']:g}" if "kl" in budgets else "-"))
-        rows.append(("top-1 agreement", "100 %", f"{100 * result.top1_agreement:.2f} %", "-", "-"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]]) + f"\n({result.tokens} tokens scored)"
-
-
-def over_budget(result: Any, max_ppl: float, max_kl: float) -> list[str]:
-    """One message per metric over its budget (empty: within budget)."""
-    failures = []
-    if result.ppl_increase > max_ppl:
-        failures.append(f"perplexity {100 * result.ppl_increase:+.2f} % is over the budget of "
-                        f"+{100 * max_ppl:.2f} % (--max-ppl-increase)")
-    if result.kl > max_kl:
-        failures.append(f"KL {result.kl:.5f} nats/token is over the budget of {max_kl:g} (--max-kl)")
-    return failures
-
-
 def _check_output(path: Path) -> None:
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise ValueError(f"--output {str(path)!r} exists and is not an empty directory; choose another or remove it")
-
-
-def _budgets(args: argparse.Namespace, recipe: Any) -> dict[str, float]:
-    ppl = recipe.max_ppl_increase if args.max_ppl_increase is None else args.max_ppl_increase / 100
-    kl = recipe.max_kl if args.max_kl is None else args.max_kl
-    for name, value in (("--max-ppl-increase", ppl), ("--max-kl", kl)):
-        if value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
-    return {"ppl": ppl, "kl": kl}
 
 
 def _group_size(args: argparse.Namespace, recipe: Any) -> int:
@@ -129,26 +115,78 @@ def _group_size(args: argparse.Namespace, recipe: Any) -> int:
     return size
 
 
-def run_quantize(args: argparse.Namespace) -> int:
+def _calibration(args: argparse.Namespace, calibrated: Any) -> list[list[int]] | None:
+    """The calibration sequences of a calibrated method (None for the others, which refuse the options)."""
+    if calibrated is None:
+        for flag, given in (("--calib", args.calib is not None), ("--num-samples", args.num_samples is not None),
+                            ("--act-order", args.act_order)):
+            if given:
+                raise ValueError(f"{flag}: {args.method} uses no calibration data (gptq and awq do)")
+        return None
+    if args.act_order and not calibrated.takes_act_order:
+        raise ValueError(f"--act-order: {args.method} has no activation order (gptq only)")
+    from lamina.loader.hf_config import load_model_arch
+    from lamina.loader.tokenizer import Tokenizer
+    from lamina.quantize.calibration import DEFAULT_CALIB_TEXT, calibration_sequences, read_calib_texts
+
+    texts = read_calib_texts(args.calib or DEFAULT_CALIB_TEXT)
+    seq_len = min(DEFAULT_SEQ_LEN, load_model_arch(args.model).max_position_embeddings)
+    num_samples = DEFAULT_NUM_SAMPLES if args.num_samples is None else args.num_samples
+    return calibration_sequences(texts, Tokenizer.from_pretrained(args.model), num_samples, seq_len)
+
+
+def _quantize(args: argparse.Namespace, directory: Path, recipe: Any, calibrated: Any, group_size: int,
+              sequences: list[list[int]] | None) -> tuple[Any, dict[str, str]]:
+    from lamina.quantize.methods import quantize_calibrated
+    from lamina.quantize.writer import quantize_checkpoint
+
+    progress = not args.no_progress
+    if calibrated is None:
+        return quantize_checkpoint(args.model, str(directory), recipe, group_size, tuple(args.ignore), progress), {}
+    assert sequences is not None
+    return quantize_calibrated(args.model, str(directory), calibrated, group_size, tuple(args.ignore), sequences,
+                               args.act_order, progress)
+
+
+def _reference(args: argparse.Namespace, directory: Path, name: str, group_size: int,
+               windows: list[list[int]]) -> Any:
+    """The reference method's (rtn4's) evaluation, from a checkpoint quantized into `directory`."""
     from lamina.quantize.evaluate import evaluate
     from lamina.quantize.writer import quantize_checkpoint
 
-    recipe = get_recipe(args.method)
-    budgets, group_size, output = _budgets(args, recipe), _group_size(args, recipe), Path(args.output)
+    quantize_checkpoint(args.model, str(directory), get_recipe(name), group_size, tuple(args.ignore),
+                        progress=not args.no_progress)
+    return evaluate(str(directory), windows, args.model, args.device)
+
+
+def run_quantize(args: argparse.Namespace) -> int:
+    from lamina.quantize.evaluate import evaluate
+    from lamina.quantize.methods import CALIBRATED
+
+    calibrated = CALIBRATED.get(args.method)
+    recipe = calibrated.recipe if calibrated else get_recipe(args.method)
+    limits, group_size, output = budgets(args, recipe), _group_size(args, recipe), Path(args.output)
     _check_output(output)
     windows = _windows(args, args.model)
+    sequences = _calibration(args, calibrated)
     staging = output.with_name(f".{output.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
+    reference_dir = output.with_name(f".{output.name}.reference.partial")
+    for directory in (staging, reference_dir):
+        shutil.rmtree(directory, ignore_errors=True)
     try:
-        done = quantize_checkpoint(args.model, str(staging), recipe, group_size, tuple(args.ignore),
-                                   progress=not args.no_progress)
+        done, notes = _quantize(args, staging, recipe, calibrated, group_size, sequences)
         print(f"quantized {len(done.quantized)} layers with {recipe.name}: {done.bytes_before / 1e6:.1f} MB -> "
               f"{done.bytes_after / 1e6:.1f} MB of weights in {done.seconds:.1f} s", file=sys.stderr)
         start = time.perf_counter()
         result = evaluate(str(staging), windows, args.model, args.device)
-        print(_table(result, recipe.name, budgets))
-        failures = over_budget(result, budgets["ppl"], budgets["kl"])
-        _write_summary(staging, args, recipe, done, result, budgets, failures, time.perf_counter() - start)
+        reference = _reference(args, reference_dir, calibrated.baseline, group_size, windows) if calibrated else None
+        reference_name = calibrated.baseline if calibrated else None
+        print(table(result, recipe.name, limits, reference, reference_name))
+        failures = over_budget(result, limits["ppl"], limits["kl"])
+        if reference is not None:
+            failures += not_better(result, reference, recipe.name, reference_name)
+        extra = _calibration_summary(args, sequences, notes, reference, reference_name) if calibrated else {}
+        _write_summary(staging, args, recipe, done, result, limits, failures, time.perf_counter() - start, extra)
         if failures and not args.force:
             print(f"lamina quantize: {'; '.join(failures)}: nothing written (--force writes it anyway)",
                   file=sys.stderr)
@@ -157,24 +195,38 @@ def run_quantize(args: argparse.Namespace) -> int:
             output.rmdir()  # empty (checked above): the staged directory takes its place
         staging.rename(output)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        for directory in (staging, reference_dir):
+            shutil.rmtree(directory, ignore_errors=True)
     note = f" despite: {'; '.join(failures)}" if failures else ""
     print(f"wrote {output}{note}", file=sys.stderr)
     return 0
 
 
+def _calibration_summary(args: argparse.Namespace, sequences: list[list[int]] | None, notes: dict[str, str],
+                         reference: Any, reference_name: str | None) -> dict[str, Any]:
+    assert sequences is not None
+    return {"calibration": {"text": args.calib or "lamina/quantize/data/calib_python.jsonl",
+                            "sequences": len(sequences), "tokens": sum(map(len, sequences)),
+                            "act_order": args.act_order, "layers": notes},
+            "reference": {"method": reference_name, **asdict(reference), "ppl_increase": reference.ppl_increase}}
+
+
 def _write_summary(directory: Path, args: argparse.Namespace, recipe: Any, done: Any, result: Any,
-                   budgets: dict[str, float], failures: list[str], eval_seconds: float) -> None:
+                   budgets: dict[str, float], failures: list[str], eval_seconds: float,
+                   extra: dict[str, Any]) -> None:
+    limits = {"max_ppl_increase": budgets["ppl"], "max_kl": budgets["kl"]}
+    if "reference" in extra:
+        limits["better_than"] = extra["reference"]["method"]
     summary = {
         "lamina_version": __version__, "model": str(args.model), "method": recipe.name,
         "weights": asdict(done.args), "ignore": list(args.ignore), "quantized_layers": len(done.quantized),
         "weight_bytes": {"before": done.bytes_before, "after": done.bytes_after},
-        "quantize_seconds": round(done.seconds, 2),
+        "quantize_seconds": round(done.seconds, 2), **{k: v for k, v in extra.items() if k == "calibration"},
         "evaluation": {"text": args.eval_text or "lamina/quantize/data/heldout_python.jsonl", "window": args.window,
                        "engine": f"lamina model forward, torch reference path, float32, {args.device}",
                        "seconds": round(eval_seconds, 2), **asdict(result), "ppl_increase": result.ppl_increase},
-        "budgets": {"max_ppl_increase": budgets["ppl"], "max_kl": budgets["kl"]},
-        "passed": not failures, "failures": failures, "forced": bool(args.force and failures),
+        **{k: v for k, v in extra.items() if k == "reference"},
+        "budgets": limits, "passed": not failures, "failures": failures, "forced": bool(args.force and failures),
     }
     (directory / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
 
@@ -183,7 +235,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from lamina.quantize.evaluate import evaluate
 
     result = evaluate(args.model, _windows(args, args.model), args.baseline, args.device)
-    print(_table(result, Path(args.model).name or "model"))
+    print(table(result, Path(args.model).name or "model"))
     if args.json:
         Path(args.json).write_text(json.dumps({"model": args.model, "baseline": args.baseline, **asdict(result),
                                                "ppl_increase": result.ppl_increase}, indent=2) + "\n")

@@ -1,0 +1,86 @@
+"""The calibrated methods of `lamina quantize`: gptq and awq.
+
+Both write what rtn4 writes (W4A16: int4 weights, asymmetric, a scale and zero point per group of 128 input
+columns, compressed-tensors pack-quantized), are held to rtn4's budgets, and must also beat rtn4 itself on
+perplexity (the gate in cli.py quantizes with rtn4 as well and compares). They differ in how the integers
+are chosen, from calibration data: GPTQ (lamina/quantize/gptq.py) compensates rounding errors through the
+Hessian of each layer's inputs; AWQ (lamina/quantize/awq.py, awq_layer.py) rescales input channels by
+their activation magnitude and clips weight ranges.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+import torch
+from safetensors import safe_open
+
+from lamina.loader.weights import safetensors_files
+from lamina.quant.compressed_tensors import QUANT_METHOD
+from lamina.quant.config import QuantConfig, QuantScheme, WeightQuantArgs
+from lamina.quant.recipe import Recipe, get_recipe, method_names
+from lamina.quant.rtn import QuantizedWeight
+from lamina.quantize.awq_layer import awq_head, awq_layer
+from lamina.quantize.calibrate import CalibrationOptions, HeadMethod, LayerMethod, calibrate, gptq_head, gptq_layer
+from lamina.quantize.writer import LINEAR_MODULES, QuantizeResult, quantize_checkpoint
+
+
+@dataclass(frozen=True)
+class CalibratedMethod:
+    recipe: Recipe
+    layer: LayerMethod
+    head: HeadMethod
+    baseline: str = "rtn4"  # the method it must beat on perplexity
+    takes_act_order: bool = False
+
+
+def _calibration_only(name: str):
+    def quantize(weight: torch.Tensor, args: WeightQuantArgs, dtype: torch.dtype) -> QuantizedWeight:
+        raise ValueError(f"{name} needs calibration data; run it through lamina.quantize.methods.quantize_calibrated")
+    return quantize
+
+
+def _recipe(name: str, summary: str) -> Recipe:
+    rtn4 = get_recipe("rtn4")
+    return Recipe(name=name, summary=summary, weight_args=rtn4.weight_args, quantize=_calibration_only(name),
+                  max_ppl_increase=rtn4.max_ppl_increase, max_kl=rtn4.max_kl, uses_group_size=True)
+
+
+CALIBRATED = {
+    "gptq": CalibratedMethod(_recipe("gptq", "W4A16 as rtn4, GPTQ: rounding errors compensated through the "
+                                             "inputs' Hessian"), gptq_layer, gptq_head, takes_act_order=True),
+    "awq": CalibratedMethod(_recipe("awq", "W4A16 as rtn4, AWQ: activation-aware channel scales and clipping"),
+                            awq_layer, awq_head),
+}
+
+
+def all_method_names() -> list[str]:
+    return method_names() + list(CALIBRATED)
+
+
+def checkpoint_dtype(model_dir: str) -> torch.dtype:
+    """The dtype of the checkpoint's first linear weight: quantization scales are stored in it."""
+    for file in safetensors_files(model_dir):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                if name.endswith(".weight") and name.rpartition(".")[0].rpartition(".")[2] in LINEAR_MODULES:
+                    return f.get_slice(name)[:1].dtype
+    raise ValueError(f"model: {model_dir!r} has no linear weight to quantize")
+
+
+def quantize_calibrated(model_dir: str, output_dir: str, method: CalibratedMethod, group_size: int,
+                        ignore: tuple[str, ...], sequences: list[list[int]], act_order: bool = False,
+                        progress: bool = True) -> tuple[QuantizeResult, dict[str, str]]:
+    """Calibrate `method` on `sequences` (token ids) and write the checkpoint into `output_dir`; returns what
+    was written (its seconds include the calibration) and the method's notes per layer."""
+    if act_order and not method.takes_act_order:
+        raise ValueError(f"--act-order: {method.recipe.name} has no activation order (gptq only)")
+    start = time.perf_counter()
+    args = method.recipe.weight_args(group_size)
+    config = QuantConfig(QUANT_METHOD, (QuantScheme(("Linear",), args),), tuple(ignore))
+    options = CalibrationOptions(scale_dtype=checkpoint_dtype(model_dir), act_order=act_order)
+    calibrated = calibrate(model_dir, config, sequences, method.layer, method.head, options, progress,
+                           desc=f"calibrate ({method.recipe.name})")
+    done = quantize_checkpoint(model_dir, output_dir, method.recipe, group_size, ignore, progress, calibrated)
+    return dataclasses.replace(done, seconds=time.perf_counter() - start), calibrated.notes
