@@ -20,16 +20,18 @@ from lamina.engine.spec_policy import SpecPolicy
 from lamina.spec.proposer import Proposer
 
 
-def max_drafts(request: Request, k: int, max_model_len: int) -> int:
-    """How many drafts `request` may get: none while it is mid-prompt, or when its sampling reads its own
-    output (penalties, min_tokens); never so many that the tokens could pass max_tokens or max_model_len."""
+def max_drafts(request: Request, k: int, max_model_len: int, ahead: int = 0) -> int:
+    """How many drafts `request` may get: none when its sampling reads its own output (penalties, min_tokens);
+    never so many that the tokens could pass max_tokens or max_model_len. `ahead`: tokens the request gains
+    before the drafts (1 when a worker-side proposer is asked before the step whose token they follow); with
+    ahead = 0, none while the request is mid-prompt."""
     params = request.sampling_params
-    if (request.num_computed_tokens != request.num_tokens - 1 or params.has_penalties
-            or request.num_output_tokens < params.min_tokens):
+    if (params.has_penalties or request.num_output_tokens + ahead < params.min_tokens
+            or (not ahead and request.num_computed_tokens != request.num_tokens - 1)):
         return 0
-    room = max_model_len - request.num_tokens - 1
+    room = max_model_len - request.num_tokens - 1 - ahead
     if params.max_tokens is not None:
-        room = min(room, params.max_tokens - request.num_output_tokens - 1)
+        room = min(room, params.max_tokens - request.num_output_tokens - 1 - ahead)
     return max(0, min(k, room))
 
 

@@ -143,8 +143,8 @@ class Scheduler:
 
     def _allocate(self, request: Request, num_new: int, prefix: PrefixMatch | None = None) -> bool:
         """Blocks for `num_new` tokens, and for the lookahead slots when they reach the request's end (optional)."""
-        base = request.num_computed_tokens if prefix is None else prefix.num_tokens
-        lookahead = self.num_lookahead_tokens if base + num_new >= request.num_tokens else 0
+        end = (request.num_computed_tokens if prefix is None else prefix.num_tokens) + num_new
+        lookahead = min(self.num_lookahead_tokens, self.max_model_len - end) if end >= request.num_tokens else 0
         return (lookahead > 0 and self.kv.allocate_slots(request, num_new + lookahead, prefix)) or \
             self.kv.allocate_slots(request, num_new, prefix)
 

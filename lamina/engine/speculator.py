@@ -74,7 +74,7 @@ class Speculator:
         if self.proposer is not None or (self.policy is not None and self._rest.left):
             return
         ids = [r.request_id for r in requests]
-        caps = [_limit_after_one_more(r, self.k, self.max_model_len)
+        caps = [max_drafts(r, self.k, self.max_model_len, ahead=1)
                 if r.num_computed_tokens + scheduled.num_scheduled_tokens[r.request_id] >= r.num_tokens else 0
                 for r in requests]
         if self.policy is not None:
@@ -125,15 +125,3 @@ def make_policy(spec: SpeculativeConfig, config: EngineConfig, device: torch.dev
     return SpecPolicy(graph_query_lens=(1, 1 + spec.num_speculative_tokens) if graphs else (),
                       graph_max_rows=min(config.cuda_graph_max_batch_size, sched.max_num_seqs) if graphs else 0,
                       max_step_tokens=sched.max_num_batched_tokens)
-
-
-def _limit_after_one_more(request: Request, k: int, max_model_len: int) -> int:
-    """max_drafts as it will be once the step gives the request one more token (or more: the engine cuts the
-    drafts again when they arrive)."""
-    params = request.sampling_params
-    if params.has_penalties or request.num_output_tokens + 1 < params.min_tokens:
-        return 0
-    room = max_model_len - request.num_tokens - 2
-    if params.max_tokens is not None:
-        room = min(room, params.max_tokens - request.num_output_tokens - 2)
-    return max(0, min(k, room))

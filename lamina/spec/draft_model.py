@@ -17,7 +17,7 @@ One propose call: the catch-up is one flat batch over every request (variable qu
 target's step); then decode step j (1 <= j < max k) feeds draft j-1 at position N-1+j of each request that
 wants more than j drafts. Rows are sorted by k, largest first, so the requests of step j are a prefix of
 the rows and the drafts stay on the device until one host read at the end. Drafts are argmax tokens (one-hot
-proposals for the rejection sampler); `hidden` is not used.
+proposals, exact under the verify step's rule); `hidden` is not used.
 
 Positions: the draft model has RoPE for max_position_embeddings = M positions. A request drafts at most
 M - N + 1 tokens (its last fed position stays below M), none once N > M: a short-context draft model
@@ -99,7 +99,7 @@ class DraftModelProposer:
         self.block_size = 0  # set by bind_cache
         self.kv_caches: list[KVCache] = []
         self._fed: dict[str, _Fed] = {}
-        self.loop: DraftLoop | None = None  # set by capture_graphs
+        self.loop: DraftLoop | None = None  # set by compile_and_capture
 
     def kv_bytes_per_block(self, block_size: int) -> int:
         return kv_cache_bytes_per_block(self.arch, block_size, self.dtype)
@@ -113,8 +113,8 @@ class DraftModelProposer:
                             warm_up: Callable[[torch.nn.Module], None] | None, graph_cls: type | None = None) -> None:
         """Compile the draft's kernels (its eager forwards: prompts), then capture the propose call (catch-up +
         k - 1 decode steps) per batch bucket (lamina/spec/draft_loop.py) when max_batch_size > 0."""
-        if warm_up is not None:
-            warm_up(self.model)
+        if warm_up is not None:  # within the draft's positions (RoPE tables end there)
+            warm_up(self.model, max_model_len=min(max_model_len, self.arch.max_position_embeddings))
         if max_batch_size == 0:
             return
         kwargs = {} if graph_cls is None else {"graph_cls": graph_cls}
@@ -159,7 +159,7 @@ class DraftModelProposer:
         longest = self.loop.k + 1
         long = [r for r in rows if r.n - r.start > longest]
         if long:
-            self._prefill(long, table)
+            self._prefill(long)
         starts = [0]
         for r in rows:
             starts.append(starts[-1] + r.n - r.start)
@@ -174,7 +174,7 @@ class DraftModelProposer:
             self._remember(row, drafts[row.index])
         return drafts
 
-    def _prefill(self, rows: list[_Row], table: np.ndarray) -> None:
+    def _prefill(self, rows: list[_Row]) -> None:
         """Feed token_ids[s : N - 1] of each row eagerly (their KV); afterwards each row starts at N - 1."""
         lens = np.array([r.n - 1 - r.start for r in rows], dtype=np.int64)
         ids = np.concatenate([np.asarray(r.request.token_ids[r.start:r.n - 1], dtype=np.int64) for r in rows])

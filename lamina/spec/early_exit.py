@@ -12,7 +12,7 @@ attention layers). One request, N = len(token_ids), k = num_drafts (the target h
 
 Draft step s feeds, for every request with k > s, one token at position p = N - 1 + s (seq_len p + 1)
 through the first L' layers (writing their K/V at p), norm + LM head, argmax -> draft s. Greedy drafts are
-one-hot proposals, exact for the rejection sampler at any temperature. The verifier later writes every
+one-hot proposals, exact under the verify step's rule at any temperature. The verifier later writes every
 layer's KV at N - 1 and after, so the first layers' slots there need no rollback; positions < N - 1 and
 blocks outside `block_ids` are never written.
 """
@@ -56,7 +56,6 @@ class EarlyExitProposer:
     def forget(self, req_ids: Iterable[str]) -> None:
         pass  # nothing is kept between steps
 
-    @torch.inference_mode()
     def compile_and_capture(self, max_batch_size: int, max_model_len: int, num_drafts: int,
                             warm_up: Callable[[torch.nn.Module], None] | None) -> None:
         """Nothing: the target's layers are compiled already, and early-exit drafting runs eagerly."""

@@ -16,8 +16,8 @@ One request, after step t (N = len(token_ids); the target has KV for positions [
 
 A proposer may write KV at positions [0, N - 1 + num_drafts) of its own cache (draft model: its own tensors,
 indexed by the same block ids; early exit: the target's first layers, whose slots at N - 1 and after the
-verifier writes again). Drafts never decide the output (the rejection sampler does), so a proposer's only
-duty to correctness is to write no KV outside these blocks.
+verifier writes again). Drafts never decide the output (the verify step does: lamina/layers/accept_drafts.py),
+so a proposer's only duty to correctness is to write no KV outside these blocks.
 """
 from __future__ import annotations
 

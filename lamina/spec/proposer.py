@@ -1,7 +1,7 @@
 """Proposer: the one interface of every speculative-decoding method (n-gram, draft model, EAGLE, ...).
 
 A proposer guesses how each request continues; the target model verifies the guesses in one forward and
-the rejection sampler (lamina/layers/rejection_sampler.py) keeps the accepted prefix. A proposer never
+the verify step keeps the accepted prefix (lamina/layers/accept_drafts.py). A proposer never
 decides what the output is, so a bad guess costs time, never correctness.
 """
 from __future__ import annotations

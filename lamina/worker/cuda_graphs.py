@@ -31,7 +31,7 @@ def graph_decision(device: torch.device, enforce_eager: bool, backend_name: str,
         return False, f"eager: the {backend_name} attention backend reads host metadata (not capturable)"
     if not kernels_supported:
         return False, "eager: the triton backend falls back to the torch reference for this head_dim / dtype"
-    return True, "CUDA graphs for decode batches"
+    return True, "CUDA graphs for decode (and verify) batches"
 
 
 @dataclass
@@ -56,11 +56,6 @@ class CudaGraphRunner:
         self.graph_cls = graph_cls
         self.sets = {q: GraphSet(StaticBuffers.allocate(self.buckets[-1], self.max_blocks_per_seq, device, q))
                      for q in sorted(set(query_lens))}
-
-    @property
-    def graphs(self) -> dict[int, Graph]:
-        """The plain decode graphs (q = 1), by bucket."""
-        return self.sets[1].graphs if 1 in self.sets else {}
 
     @torch.inference_mode()
     def capture_all(self) -> None:

@@ -10,11 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import logging
+
 import torch
 
+from lamina.failures import is_fatal
 from lamina.spec.model_proposer import DraftRequest, ModelProposer
 from lamina.step import ModelRunnerOutput
 from lamina.worker.batch_state import BatchState
+
+
+logger = logging.getLogger(__name__)
 
 
 class Drafter:
@@ -44,5 +50,12 @@ class Drafter:
         if not requests:
             return
         index = torch.tensor(rows, dtype=torch.int64).to(hidden.device, non_blocking=True)
-        drafts = self.proposer.propose(requests, hidden.index_select(0, index))
+        try:
+            drafts = self.proposer.propose(requests, hidden.index_select(0, index))
+        except Exception as err:  # noqa: BLE001 - drafts are optional: the step's tokens stand without them
+            if is_fatal(err):
+                raise
+            logger.warning("drafting failed for %d request(s); they decode without drafts: %r", len(requests), err)
+            self.proposer.forget([r.req_id for r in requests])  # their draft KV may be half written
+            return
         output.draft_token_ids = {r.req_id: list(d) for r, d in zip(requests, drafts)}

@@ -70,7 +70,7 @@ class ModelRunner:
 
         def record_and_draft(output: ModelRunnerOutput) -> None:
             record(output)
-            drafter.draft(scheduled.draft_limits, output, self.states, hidden, starts)
+            drafter.draft(scheduled.draft_limits, output, self.states, hidden, starts)  # never raises (optional)
         pending.on_result = record_and_draft
         return pending
 
@@ -103,8 +103,8 @@ class ModelRunner:
 
     def _verify(self, logits: torch.Tensor, host: HostBatch) -> PendingStep:
         """A step with drafts: requests without drafts sample as usual from their one row (keyed as in any other
-        step, isolated as in any other step when a row raises); the others' k + 1 rows go through the rejection
-        sampler (the target distribution exactly)."""
+        step, isolated as in any other step when a row raises); the others' k + 1 rows are verified by
+        `_verify_drafts` (the target distribution exactly)."""
         plain, plain_rows, spec, spec_rows, num_drafts = _split_by_drafts(host.sampling_req_ids,
                                                                           host.num_draft_tokens)
         positions = [p for p, k in zip(host.sample_positions, host.num_draft_tokens) if k]
