@@ -1,0 +1,50 @@
+"""Drafter: a worker-side proposer's drafts join the step's answer; a proposer that raises drops only them."""
+from __future__ import annotations
+
+import torch
+
+from lamina.sampling_params import SamplingParams
+from lamina.step import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from lamina.worker.batch_state import BatchState
+from lamina.worker.drafter import Drafter
+from lamina.worker.penalty_state import PenaltyState
+
+
+class Proposer:
+    def __init__(self, fail: bool) -> None:
+        self.fail, self.forgotten, self.asked = fail, [], []
+
+    def propose(self, requests, hidden):  # noqa: ANN001, ANN201
+        self.asked.append([(r.req_id, list(r.token_ids), r.num_drafts, hidden.tolist()) for r in requests])
+        if self.fail:
+            raise RuntimeError("out of memory in the draft (simulated)")
+        return [[7] * r.num_drafts for r in requests]
+
+    def forget(self, req_ids) -> None:  # noqa: ANN001
+        self.forgotten += list(req_ids)
+
+
+def _states() -> BatchState:
+    states = BatchState(PenaltyState(16, torch.device("cpu")))
+    new = NewRequestData("a", [1, 2, 3], [], SamplingParams(), frozenset(), block_ids=[1, 2], num_computed_tokens=0)
+    states.apply(SchedulerOutput(req_ids=["a"], num_scheduled_tokens={"a": 3}, new_reqs=[new]))
+    return states
+
+
+def test_drafts_follow_the_newest_token_and_stay_inside_the_blocks() -> None:
+    states, proposer = _states(), Proposer(fail=False)
+    output = ModelRunnerOutput(sampled_token_ids={"a": [4]})
+    states.record(output)  # tokens 1 2 3 4: N = 4, blocks of 4 cover positions [0, 8)
+    hidden = torch.arange(6.0).view(3, 2)  # three sampling rows; "a"'s starts at row 1
+    Drafter(proposer, block_size=4).draft({"a": 3}, output, states, hidden, {"a": 1})
+    assert output.draft_token_ids == {"a": [7, 7, 7]}
+    assert proposer.asked == [[("a", [1, 2, 3, 4], 3, [[2.0, 3.0]])]]
+
+
+def test_a_failing_proposer_drops_its_drafts_only() -> None:
+    states, proposer = _states(), Proposer(fail=True)
+    output = ModelRunnerOutput(sampled_token_ids={"a": [4]})
+    states.record(output)
+    Drafter(proposer, block_size=4).draft({"a": 2}, output, states, torch.zeros(1, 2), {"a": 0})
+    assert output.draft_token_ids == {} and output.sampled_token_ids == {"a": [4]}
+    assert proposer.forgotten == ["a"]  # its draft KV may be half written
