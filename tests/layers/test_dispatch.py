@@ -83,9 +83,11 @@ def test_rotary_and_qk_norm_conditions() -> None:
 @pytest.mark.usefixtures("routed")
 def test_gemv_conditions() -> None:
     weight = _zeros(6, 8)
-    for rows in (1, GEMV.MAX_M):
+    limit = min(dispatch.GEMV_MAX_ROWS, GEMV.MAX_M)  # more rows: cuBLAS (measured faster, dispatch.py)
+    for rows in (1, limit):
         assert dispatch.gemv_for(_zeros(rows, 8), weight, ON) is GEMV
-    assert dispatch.gemv_for(_zeros(1, 2, 8), weight, ON) is GEMV  # rows counted over the leading dims
+    assert dispatch.gemv_for(_zeros(1, 1, 8), weight, ON) is GEMV  # rows counted over the leading dims
+    assert dispatch.gemv_for(_zeros(1, limit + 1, 8), weight, ON) is None
     assert dispatch.gemv_for(_zeros(GEMV.MAX_M + 1, 8), weight, ON) is None
     assert dispatch.gemv_for(_zeros(0, 8), weight, ON) is None
     assert dispatch.gemv_for(_zeros(1, 8), weight, KernelChoice(gemv=False)) is None
