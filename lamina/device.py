@@ -10,6 +10,7 @@ Kept apart from lamina.config so that reading a config (the CLI's --help) does n
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from lamina.config import DTYPES, ModelArch
@@ -35,3 +36,24 @@ def resolve_dtype(name: str, arch: ModelArch, device: torch.device) -> torch.dty
     if device.type == "cpu":
         return torch.float32
     return TORCH_DTYPES.get(arch.torch_dtype or "", torch.bfloat16)
+
+
+ALIGN_BYTES = 16  # every packed field starts 16-byte aligned, like a tensor of its own
+
+
+def packed_to_device(fields: list[np.ndarray], dtype: type, device: torch.device) -> list[torch.Tensor]:
+    """Copy `fields` to the device in one non-blocking copy; returns one view per field.
+
+    Each field starts on an ALIGN_BYTES boundary: Triton specializes a kernel on the alignment of its
+    pointer arguments, so a field at an offset that changes with the batch size would compile a new
+    kernel variant mid-run (W1 lost 2 s to that)."""
+    step = ALIGN_BYTES // np.dtype(dtype).itemsize
+    sizes = [len(f) for f in fields]
+    padded = [-(-n // step) * step for n in sizes]
+    packed = np.zeros(sum(padded), dtype=dtype)
+    offset = 0
+    for values, size in zip(fields, padded):
+        packed[offset:offset + len(values)] = values
+        offset += size
+    parts = torch.from_numpy(packed).to(device, non_blocking=True).split(padded)
+    return [part[:n] for part, n in zip(parts, sizes)]

@@ -157,3 +157,24 @@ class StaticBuffers:
             seq_lens=self.seq_lens[:bucket], block_tables=self.block_tables[:bucket],
             max_query_len=q, max_seq_len=max_model_len,
             query_start_loc_cpu=list(range(0, bucket * q + 1, q)), seq_lens_cpu=[max_model_len] * bucket)
+
+
+def graph_pool(graph_cls: type) -> object:
+    """One memory pool for a set of graphs captured largest first (the smaller ones reuse its memory)."""
+    return torch.cuda.graph_pool_handle() if graph_cls is TorchCUDAGraph else None
+
+
+def capture(fn: Callable[[], torch.Tensor], graph_cls: type, pool: object,
+            device: torch.device) -> tuple[Graph, torch.Tensor]:
+    """Run `fn` once outside a graph (Triton compiles, the allocator settles), then capture it: (graph, output)."""
+    fn()
+    _synchronize(device)
+    graph = graph_cls(pool)
+    output = graph.capture(fn)
+    _synchronize(device)
+    return graph, output
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
-from lamina.graphs import FlatBatch, Graph, StaticBuffers, TorchCUDAGraph, bucket_for, graph_buckets
+from lamina.graphs import (FlatBatch, Graph, StaticBuffers, TorchCUDAGraph, bucket_for, capture, graph_buckets,
+                           graph_pool)
 
 logger = logging.getLogger(__name__)
 
@@ -71,15 +72,10 @@ class DraftLoop:
 
     @torch.inference_mode()
     def capture_all(self) -> None:
-        pool = torch.cuda.graph_pool_handle() if self.graph_cls is TorchCUDAGraph else None
+        pool = graph_pool(self.graph_cls)
         for bucket in reversed(self.buckets):
-            loop = self._loop_fn(bucket)
-            loop()  # warm-up outside the graph: Triton compiles, allocator settles
-            self._synchronize()
-            graph = self.graph_cls(pool)
-            self.outputs[bucket] = graph.capture(loop)
-            self.graphs[bucket] = graph
-            self._synchronize()
+            self.graphs[bucket], self.outputs[bucket] = capture(self._loop_fn(bucket), self.graph_cls, pool,
+                                                                self.device)
         logger.info("draft loop: %d CUDA graphs (k=%d) for up to %d sequences", len(self.buckets), self.k,
                     self.buckets[-1])
 
@@ -128,7 +124,3 @@ class DraftLoop:
             slot_mapping=slots, query_start_loc=self.decode_starts[:bucket + 1], seq_lens=(pos + 1).to(torch.int32),
             block_tables=table, max_query_len=1, max_seq_len=self.max_model_len,
             query_start_loc_cpu=list(range(bucket + 1)), seq_lens_cpu=[self.max_model_len] * bucket)
-
-    def _synchronize(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)

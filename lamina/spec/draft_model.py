@@ -27,7 +27,7 @@ target's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +35,7 @@ import torch
 
 from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
 from lamina.config import ModelArch
+from lamina.device import packed_to_device
 from lamina.kv.cache import KVCache, allocate_kv_caches, bind_kv_caches, kv_cache_bytes_per_block
 from lamina.loader.hf_config import load_model_arch
 from lamina.loader.model_loader import load_model
@@ -46,7 +47,6 @@ __all__ = ["DraftModelProposer"]
 logger = logging.getLogger(__name__)
 
 FIELD = "speculative_config.model"
-ALIGN_BYTES = 16  # each field of a packed host-to-device copy starts aligned, like a tensor of its own
 
 
 @dataclass(slots=True)
@@ -255,8 +255,8 @@ class DraftModelProposer:
         token at each sequence's last row [B]."""
         last = query_start[1:] - 1
         longs = [positions, slots, last] + ([ids] if isinstance(ids, np.ndarray) else [])
-        moved = _to_device(longs, np.int64, self.device)
-        ints = _to_device([query_start, seq_lens], np.int32, self.device)
+        moved = packed_to_device(longs, np.int64, self.device)
+        ints = packed_to_device([query_start, seq_lens], np.int32, self.device)
         starts_cpu, lens_cpu = query_start.tolist(), seq_lens.tolist()
         metadata = AttentionMetadata(
             slot_mapping=moved[1], query_start_loc=ints[0], seq_lens=ints[1], block_tables=table_dev,
@@ -275,17 +275,3 @@ def _block_table(tables: list[list[int]]) -> np.ndarray:
     for i, blocks in enumerate(tables):
         out[i, :len(blocks)] = blocks
     return out
-
-
-def _to_device(fields: Sequence[np.ndarray], dtype: type, device: torch.device) -> list[torch.Tensor]:
-    """One host-to-device copy for all `fields`; each view starts ALIGN_BYTES-aligned (Triton specializes a
-    kernel on its pointers' alignment, so an offset that moved with the batch would compile new variants)."""
-    step = ALIGN_BYTES // np.dtype(dtype).itemsize
-    padded = [-(-len(f) // step) * step for f in fields]
-    packed = np.zeros(sum(padded), dtype=dtype)
-    offset = 0
-    for values, size in zip(fields, padded):
-        packed[offset:offset + len(values)] = values
-        offset += size
-    parts = torch.from_numpy(packed).to(device, non_blocking=True).split(padded)
-    return [part[:len(f)] for part, f in zip(parts, fields)]

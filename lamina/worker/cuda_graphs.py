@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from lamina.attention.metadata import set_attention_metadata
-from lamina.graphs import Graph, StaticBuffers, TorchCUDAGraph, bucket_for, graph_buckets
+from lamina.graphs import Graph, StaticBuffers, TorchCUDAGraph, bucket_for, capture, graph_buckets, graph_pool
 from lamina.worker.input_batch import HostBatch
 
 logger = logging.getLogger(__name__)
@@ -61,16 +61,12 @@ class CudaGraphRunner:
     def capture_all(self) -> None:
         """Longest rows and largest bucket first, all in one memory pool (smaller graphs reuse the largest
         one's memory)."""
-        pool = torch.cuda.graph_pool_handle() if self.graph_cls is TorchCUDAGraph else None
+        pool = graph_pool(self.graph_cls)
         for graph_set in reversed(self.sets.values()):
             for bucket in reversed(self.buckets):
-                forward = self._forward_fn(graph_set.buffers, bucket)
-                forward()  # warm-up outside the graph: Triton compiles, allocator settles
-                self._synchronize()
-                graph = self.graph_cls(pool)
-                graph_set.outputs[bucket] = graph.capture(forward)
-                graph_set.graphs[bucket] = graph
-                self._synchronize()
+                graph, output = capture(self._forward_fn(graph_set.buffers, bucket), self.graph_cls, pool,
+                                        self.device)
+                graph_set.graphs[bucket], graph_set.outputs[bucket] = graph, output
         logger.info("captured %d CUDA graphs (query lengths %s) for batches of up to %d sequences",
                     len(self.buckets) * len(self.sets), list(self.sets), self.buckets[-1])
 
@@ -83,10 +79,6 @@ class CudaGraphRunner:
             with set_attention_metadata(metadata):
                 return self.model(ids, pos)
         return forward
-
-    def _synchronize(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
     def _set_for(self, batch: HostBatch) -> GraphSet | None:
         """The captured set of the shortest query length that holds the batch's longest row."""

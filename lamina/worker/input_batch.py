@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from lamina.attention.metadata import AttentionMetadata
+from lamina.device import packed_to_device
 from lamina.step import SchedulerOutput
 from lamina.worker.batch_state import BatchState
 
@@ -118,35 +119,14 @@ def plan_batch(scheduled: SchedulerOutput, states: BatchState, block_size: int) 
                      sample_positions, num_drafts, draft_ids)
 
 
-ALIGN_BYTES = 16  # every packed field starts 16-byte aligned, like a tensor of its own
-
-
-def _packed_to_device(fields: list[np.ndarray], dtype: type, device: torch.device) -> list[torch.Tensor]:
-    """Copy `fields` to the device in one non-blocking copy; returns one view per field.
-
-    Each field starts on an ALIGN_BYTES boundary: Triton specializes a kernel on the alignment of its
-    pointer arguments, so a field at an offset that changes with the batch size would compile a new
-    kernel variant mid-run (W1 lost 2 s to that)."""
-    step = ALIGN_BYTES // np.dtype(dtype).itemsize
-    sizes = [len(f) for f in fields]
-    padded = [-(-n // step) * step for n in sizes]
-    packed = np.zeros(sum(padded), dtype=dtype)
-    offset = 0
-    for values, size in zip(fields, padded):
-        packed[offset:offset + len(values)] = values
-        offset += size
-    parts = torch.from_numpy(packed).to(device, non_blocking=True).split(padded)
-    return [part[:n] for part, n in zip(parts, sizes)]
-
-
 def to_device(host: HostBatch, device: torch.device) -> InputBatch:
     """Two packed non-blocking copies (int64, int32), then views. numpy builds the host arrays: it is
     several times faster than torch.tensor on Python lists (the block tables are the big part)."""
     num_seqs, width = host.num_seqs, len(host.block_tables[0])
-    ids, positions, slots, logits_indices = _packed_to_device(
+    ids, positions, slots, logits_indices = packed_to_device(
         [np.array(f, dtype=np.int64) for f in (host.input_ids, host.positions, host.slot_mapping,
                                                 host.logits_indices)], np.int64, device)
-    query_start, seq_lens, tables = _packed_to_device(
+    query_start, seq_lens, tables = packed_to_device(
         [np.array(host.query_start_loc, dtype=np.int32), np.array(host.seq_lens, dtype=np.int32),
          np.array(host.block_tables, dtype=np.int32).ravel()], np.int32, device)
     metadata = AttentionMetadata(
