@@ -38,7 +38,7 @@ from .checkpoint import count_parameters, load_teacher
 from .config import TrainConfig
 from .data import TokenData, eval_windows
 from .losses import kl_to_teacher, next_token_ce
-from .trainer import Trainer, _optimizer, lr_at
+from .trainer import Trainer, _optimizer, apply_step, lr_at
 
 SUMMARY = "distill_summary.json"
 ON_POLICY = 128  # prompt tokens and new tokens of an on-policy sequence (each at most half the context)
@@ -136,13 +136,8 @@ class MedusaTrainer(Trainer):
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(step, total, self.cfg)
         with self._autocast():
-            loss, kl, ce = head_losses(self.student, self.lm_weight, hidden, greedy, self.cfg)
-        loss.backward()
-        if self.cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.student.parameters(), self.cfg.grad_clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return torch.stack([loss.detach(), kl.detach(), ce.detach()])
+            losses = head_losses(self.student, self.lm_weight, hidden, greedy, self.cfg)
+        return apply_step(losses, self.student, self.optimizer, self.cfg.grad_clip)
 
 
 @torch.no_grad()

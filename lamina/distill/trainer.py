@@ -69,6 +69,17 @@ def _teacher_logits(teacher: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         return teacher(input_ids=x, use_cache=False).logits
 
 
+def apply_step(losses: tuple[torch.Tensor, torch.Tensor, torch.Tensor], model: torch.nn.Module,
+               optimizer: torch.optim.Optimizer, grad_clip: float) -> torch.Tensor:
+    """Backward of losses[0] (the total), gradient clip, optimizer step; the detached [total, kl, ce]."""
+    losses[0].backward()
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return torch.stack([loss.detach() for loss in losses])
+
+
 def _optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
     """AdamW; no weight decay on norms and biases (1-D parameters)."""
     params = list({id(p): p for p in model.parameters() if p.requires_grad}.values())
@@ -109,13 +120,8 @@ class Trainer:
             group["lr"] = lr_at(step, total, self.cfg)
         with self._autocast():
             t_logits = self.teacher_fn(self.teacher, x) if self.teacher is not None else None
-            loss, kl, ce = self.loss_fn(x, y, t_logits)
-        loss.backward()
-        if self.cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.student.parameters(), self.cfg.grad_clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return torch.stack([loss.detach(), kl.detach(), ce.detach()])
+            losses = self.loss_fn(x, y, t_logits)
+        return apply_step(losses, self.student, self.optimizer, self.cfg.grad_clip)
 
     def _first_step(self, total: int) -> torch.Tensor:
         """Step 0, where compilation happens: if it fails, warn and go on without compiling."""
