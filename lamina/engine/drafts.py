@@ -41,19 +41,19 @@ class TokenArrays:
     requests of 2,100 tokens). Outputs only grow, except a cut after a stop string, which ends the request."""
 
     def __init__(self) -> None:
-        self._arrays: dict[str, tuple[np.ndarray, int]] = {}  # request id -> (buffer, tokens in it)
+        self._arrays: dict[str, tuple[Request, np.ndarray, int]] = {}  # request id -> (its request, buffer, filled)
 
     def of(self, request: Request) -> np.ndarray:
         tokens = request.all_token_ids
-        buffer, filled = self._arrays.get(request.request_id, (np.empty(0, dtype=np.int64), 0))
-        if filled > len(tokens):
+        owner, buffer, filled = self._arrays.get(request.request_id, (request, np.empty(0, dtype=np.int64), 0))
+        if owner is not request or filled > len(tokens):  # a reused id, or a cut output
             filled = 0
         if len(tokens) > len(buffer):
             grown = np.empty(max(2 * len(buffer), len(tokens) + 64), dtype=np.int64)
             grown[:filled] = buffer[:filled]
             buffer = grown
         buffer[filled:len(tokens)] = tokens[filled:]
-        self._arrays[request.request_id] = (buffer, len(tokens))
+        self._arrays[request.request_id] = (request, buffer, len(tokens))
         return buffer[:len(tokens)]
 
     def keep_only(self, request_ids: set[str]) -> None:

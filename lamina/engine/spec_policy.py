@@ -138,7 +138,7 @@ class SpecPolicy:
         self._counts = np.zeros((64, 3))  # row: [accepted, trials, step of the last update], decayed lazily
         self._free = list(range(63, -1, -1))
         self._global = [0.0, 0.0, 0.0]
-        self._seen: dict[str, tuple[int, int]] = {}  # request id -> (draft tokens, accepted) last read
+        self._seen: dict[str, tuple[Request, int, int]] = {}  # id -> (request, draft tokens, accepted) last read
         self._draft_seconds = 0.0  # proposer host time per request asked (EMA)
 
     def prior(self) -> float:
@@ -194,14 +194,18 @@ class SpecPolicy:
         """Once a step, with the running requests: advance the clock, read each one's verify since the last
         call from its counters (a request verifies at most once a step), forget the others."""
         self.steps += 1
-        seen: dict[str, tuple[int, int]] = {}
+        seen: dict[str, tuple[Request, int, int]] = {}
         verified: tuple[list[str], list[int], list[int]] = ([], [], [])
         for request in requests:
             request_id, metrics = request.request_id, request.metrics
-            drafted, accepted = seen[request_id] = metrics.num_draft_tokens, metrics.num_accepted_tokens
+            drafted, accepted = metrics.num_draft_tokens, metrics.num_accepted_tokens
+            seen[request_id] = (request, drafted, accepted)
             before = self._seen.get(request_id)
-            if before is not None and drafted > before[0]:
-                for column, value in zip(verified, (request_id, drafted - before[0], accepted - before[1])):
+            if before is not None and before[0] is not request:  # the id was reused (during a pause)
+                self.forget(request_id)
+                before = None
+            if before is not None and drafted > before[1]:
+                for column, value in zip(verified, (request_id, drafted - before[1], accepted - before[2])):
                     column.append(value)
         self._seen = seen
         if verified[0]:

@@ -79,6 +79,16 @@ def test_token_arrays_follow_the_requests_tokens() -> None:
     assert arrays._arrays == {}
 
 
+def test_token_arrays_of_a_reused_request_id_start_again() -> None:
+    """An id reused by a new request (while the policy paused, keep_only did not run) gets its own tokens."""
+    arrays = drafts.TokenArrays()
+    old = decoding(n_prompt=3, n_out=1)
+    arrays.of(old)
+    new = decoding(n_prompt=6, n_out=2)  # [1 .. 6, 7, 7]: longer, and differs at index 3
+    assert new.request_id == old.request_id
+    assert arrays.of(new).tolist() == new.all_token_ids
+
+
 def test_propose_drafts_without_a_policy_gives_every_request_up_to_max_drafts() -> None:
     class Echo:  # drafts 9s, as many as allowed
         def propose(self, token_ids, max_drafts):

@@ -217,6 +217,23 @@ def test_acceptance_from_request_counters_and_decay_to_the_prior() -> None:
     assert policy.alpha("a") == policy.prior()  # forgotten
 
 
+def test_a_reused_request_id_starts_from_the_prior() -> None:
+    """A new request under an id that finished during a pause: neither the old estimate nor the old counters."""
+    policy = SpecPolicy(cost=Exact(lambda t: 0.010 + 2e-5 * t))
+    old = decoding("a", [1, 2, 3, 4])
+    policy.observe_requests([old])
+    for _ in range(50):
+        old.metrics.num_draft_tokens += 3
+        policy.observe_requests([old])
+    assert policy.alpha("a") < 0.1
+    new = decoding("a", [5, 6, 7])
+    policy.observe_requests([new])
+    assert policy.alpha("a") == policy.prior()
+    new.metrics.num_draft_tokens, new.metrics.num_accepted_tokens = 3, 3  # its first verify is read
+    policy.observe_requests([new])
+    assert policy.alpha("a") > policy.prior()
+
+
 def test_new_requests_start_from_the_engine_wide_rate() -> None:
     policy, _ = policy_for(flat, [0.9] * 4)
     assert policy.alpha("new") == policy.prior() > 0.85
