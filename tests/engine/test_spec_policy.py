@@ -7,7 +7,8 @@ import pytest
 
 from lamina.engine import drafts
 from lamina.engine.request import Request
-from lamina.engine.spec_policy import SpecPolicy, StepCostModel, expected_accepted
+from lamina.engine.spec_policy import SpecPolicy, expected_accepted
+from lamina.engine.step_cost import StepCostModel
 from lamina.sampling_params import SamplingParams
 from lamina.spec.ngram import NgramProposer
 

@@ -1,0 +1,87 @@
+"""StepCostModel: the wall time of an engine step as a function of the tokens it computes, calibrated online from
+measured steps (the adaptive speculation policy's cost, lamina/engine/spec_policy.py)."""
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+
+import numpy as np
+
+
+def _bucket(num_tokens: int) -> int:
+    """Exact up to 16 tokens, then 8 buckets per doubling (about 9 % wide)."""
+    return num_tokens if num_tokens <= 16 else 17 + int(8 * math.log2(num_tokens / 16))
+
+
+def _isotonic(values: list[float], weights: list[int]) -> list[float]:
+    """The non-decreasing sequence nearest `values` in weighted least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, weight, length]
+    for value, weight in zip(values, weights):
+        blocks.append([value, weight, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            mean, weight_, length = blocks.pop()
+            prev = blocks[-1]
+            total = prev[1] + weight_
+            blocks[-1] = [(prev[0] * prev[1] + mean * weight_) / total, total, prev[2] + length]
+    return [mean for mean, _, length in blocks for _ in range(int(length))]
+
+
+class StepCostModel:
+    """Wall time of a step as a function of the tokens it computes, calibrated from measured steps.
+
+    A step falls in a token-count bucket; a bucket keeps its last `window` steps and stands for the point
+    (median tokens, median seconds), or (median tokens, min seconds) while it has fewer than `min_samples`.
+    The points are made non-decreasing (isotonic) and joined linearly. Where there are none:
+
+        no point at all      1.0 s at every count: drafts look free, so the first verify steps get measured
+        below the first x0   y0 * T / x0, proportional: the base step looks cheap, so it gets measured
+        above the last xm    ym + s * (T - xm), s the slope from the point nearest xm / 2 (0 with one point),
+                             clamped to [0, ym / xm]: optimistic, so speculating there gets measured
+    """
+
+    def __init__(self, window: int = 16, min_samples: int = 3) -> None:
+        self.window, self.min_samples = window, min_samples
+        self._buckets: dict[int, deque[tuple[int, float]]] = {}
+        self._points: dict[int, tuple[float, float, int]] = {}  # bucket -> (tokens, seconds, steps), when clean
+        self._curve: tuple[np.ndarray, np.ndarray] | None = None
+
+    def observe(self, num_tokens: int, seconds: float) -> None:
+        if num_tokens <= 0 or not math.isfinite(seconds) or seconds <= 0:
+            return
+        bucket = _bucket(num_tokens)
+        self._buckets.setdefault(bucket, deque(maxlen=self.window)).append((num_tokens, seconds))
+        self._points.pop(bucket, None)
+        self._curve = None
+
+    def seed(self, points: Iterable[tuple[int, float]]) -> None:
+        """Steps timed at start-up, (tokens, seconds): each counts as `min_samples` measured steps."""
+        for num_tokens, seconds in points:
+            for _ in range(self.min_samples):
+                self.observe(num_tokens, seconds)
+
+    def points(self) -> tuple[np.ndarray, np.ndarray]:
+        """The curve's (tokens, seconds) points, tokens increasing, seconds non-decreasing."""
+        if self._curve is None:
+            for bucket in self._buckets.keys() - self._points.keys():
+                steps = self._buckets[bucket]
+                seconds = sorted(x for _, x in steps)
+                y = seconds[len(seconds) // 2] if len(steps) >= self.min_samples else seconds[0]
+                self._points[bucket] = (sorted(t for t, _ in steps)[len(steps) // 2], y, len(steps))
+            points = [self._points[b] for b in sorted(self._points)]
+            self._curve = (np.array([x for x, _, _ in points], dtype=np.float64),
+                           np.array(_isotonic([y for _, y, _ in points], [n for _, _, n in points])))
+        return self._curve
+
+    def cost(self, num_tokens: int | np.ndarray) -> np.ndarray:
+        """Estimated seconds of a step of `num_tokens` tokens (elementwise)."""
+        xs, ys = self.points()
+        tokens = np.asarray(num_tokens, dtype=np.float64)
+        if not len(xs):
+            return np.ones_like(tokens)
+        out = np.interp(tokens, xs, ys)
+        out = np.where(tokens < xs[0], ys[0] * tokens / xs[0], out)
+        anchor = max(int(np.searchsorted(xs, xs[-1] / 2, side="right")) - 1, 0)
+        slope = (ys[-1] - ys[anchor]) / (xs[-1] - xs[anchor]) if anchor < len(xs) - 1 else 0.0
+        slope = min(max(slope, 0.0), ys[-1] / xs[-1])
+        return np.where(tokens > xs[-1], ys[-1] + slope * (tokens - xs[-1]), out)
