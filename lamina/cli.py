@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from lamina import DEMO_MODEL, __version__
 from lamina.cli_args import add_engine_args, add_sampling_args, engine_kwargs, engine_summary, sampling_params
 from lamina.cli_output import format_logprobs, output_row, stream_request
+from lamina.jsonl import read_jsonl
 from lamina.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # the engine pulls in torch: import it only when a command runs
@@ -39,13 +40,7 @@ def _make_llm(args: argparse.Namespace) -> LLM:
 
 def _read_jsonl(path: str) -> list[dict]:
     rows = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"--input {path}: line {number} is not valid JSON ({err.msg})") from err
+    for number, row in read_jsonl(path, "--input"):
         if isinstance(row, str):
             row = {"prompt": row}
         if not isinstance(row, dict) or not ("prompt" in row or "prompt_token_ids" in row):

@@ -11,11 +11,12 @@ accuracy gate's held-out text (lamina/quantize/data/README.md).
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+
+from lamina.jsonl import read_jsonl
 
 if TYPE_CHECKING:
     from lamina.loader.tokenizer import Tokenizer
@@ -32,13 +33,7 @@ def read_calib_texts(path: str) -> list[str]:
     if not file.is_file() or file.suffix != ".jsonl":
         raise ValueError(f"--calib: {path!r} is not a .jsonl file of {{\"text\": ...}} lines")
     texts = []
-    for number, line in enumerate(file.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--calib {path}: line {number} is not JSON ({exc.msg})") from None
+    for number, row in read_jsonl(path, "--calib"):
         if not isinstance(row, dict) or not isinstance(row.get("text"), str):
             raise ValueError(f"--calib {path}: line {number} needs a string 'text' field")
         texts.append(row["text"])
