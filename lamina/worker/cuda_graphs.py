@@ -84,7 +84,7 @@ class CudaGraphRunner:
         """The captured set of the shortest query length that holds the batch's longest row."""
         if batch.num_seqs > self.buckets[-1] or len(batch.block_tables[0]) > self.max_blocks_per_seq:
             return None
-        longest = batch.max_query_len
+        longest = 1 if batch.is_decode_only else batch.max_query_len  # the common case without a row walk
         return next((s for q, s in self.sets.items() if q >= longest and s.graphs), None)
 
     def can_run(self, batch: HostBatch) -> bool:
