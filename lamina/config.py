@@ -101,8 +101,8 @@ class SchedulerConfig:
                      name, f"must be a positive integer or None (the device's default), got {value!r}")
 
 
-SPEC_METHODS = ("ngram", "draft_model", "medusa", "early_exit")  # issue #12 adds eagle
-MODEL_SPEC_METHODS = ("draft_model", "medusa")  # the methods that read weights from `model`
+SPEC_METHODS = ("ngram", "draft_model", "medusa", "early_exit", "eagle")
+MODEL_SPEC_METHODS = ("draft_model", "medusa", "eagle")  # the methods that read weights from `model`
 MAX_SPEC_TOKENS = 7  # a verify step computes 1 + k tokens a request; the paged decode kernel takes up to 8
 
 
@@ -113,13 +113,15 @@ class SpeculativeConfig:
     sequence's last n tokens, n from prompt_lookup_max down to prompt_lookup_min. "draft_model": a smaller
     checkpoint with the target's tokenizer (`model`) drafts greedily. "medusa": residual heads on the target's
     last hidden state (`model`: a directory written by `lamina distill --method medusa`). "early_exit": the
-    target's first `exit_layer` layers, its final norm and LM head draft (no extra weights)."""
+    target's first `exit_layer` layers, its final norm and LM head draft (no extra weights). "eagle": an EAGLE-3
+    head (`model`: a directory written by `lamina distill --method eagle`), one decoder layer over the target's
+    features from three of its layers and the next token's embedding, drafting a chain with the target's LM head."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 3
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
-    model: str | None = None  # draft_model / medusa: the checkpoint directory
+    model: str | None = None  # draft_model / medusa / eagle: the checkpoint directory
     exit_layer: int | None = None  # early_exit: layers that draft (None: a third of the target's, at least 1)
     # True: each step, each request drafts as many tokens as pay off by the measured step costs and its acceptance
     # (lamina/engine/spec_policy.py), none when verifying costs more than it saves; False: always up to k

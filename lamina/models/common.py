@@ -129,6 +129,8 @@ class DecoderModel(nn.Module):
         self.embed_tokens = VocabEmbedding(arch.vocab_size, arch.hidden_size)
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, kernels)
+        self.aux_layers: tuple[int, ...] = ()  # CausalLM.record_aux_hidden_states
+        self.aux_hidden_states: torch.Tensor | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.forward_layers(input_ids, positions, len(self.layers))
@@ -136,8 +138,13 @@ class DecoderModel(nn.Module):
     def forward_layers(self, input_ids: torch.Tensor, positions: torch.Tensor, num_layers: int) -> torch.Tensor:
         """embed -> the first `num_layers` layers -> norm (early exit: lamina/spec/early_exit.py)."""
         hidden, residual = self.embed_tokens(input_ids), None
-        for layer in itertools.islice(self.layers, num_layers):
+        aux = {}
+        for i, layer in enumerate(itertools.islice(self.layers, num_layers)):
+            if i in self.aux_layers:  # the residual stream entering layer i
+                aux[i] = hidden.clone() if residual is None else hidden + residual  # fused norms write in place
             hidden, residual = layer(positions, hidden, residual)
+        if self.aux_layers and num_layers == len(self.layers):
+            self.aux_hidden_states = torch.cat([aux[i] for i in self.aux_layers], dim=-1)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -189,6 +196,24 @@ class CausalLM(nn.Module):
     def forward_layers(self, input_ids: torch.Tensor, positions: torch.Tensor, num_layers: int) -> torch.Tensor:
         """Like `forward`, through only the first `num_layers` decoder layers (then the final norm)."""
         return self.model.forward_layers(input_ids, positions, num_layers)
+
+    def record_aux_hidden_states(self, layers: tuple[int, ...]) -> None:
+        """From now on every full forward also leaves, in `aux_hidden_states` [T, len(layers) * hidden_size],
+        the residual stream entering each of these layers (EAGLE-3's features: lamina/spec/eagle.py); () stops."""
+        bad = [i for i in layers if not 0 <= i < self.arch.num_hidden_layers]
+        if bad:
+            raise ValueError(f"aux_hidden_state_layers: {bad} are not layers of this model (0 .. "
+                             f"{self.arch.num_hidden_layers - 1})")
+        self.model.aux_layers, self.model.aux_hidden_states = tuple(layers), None
+
+    @property
+    def aux_hidden_states(self) -> torch.Tensor | None:
+        """The last full forward's features of `record_aux_hidden_states` (None when not recording)."""
+        return self.model.aux_hidden_states
+
+    @aux_hidden_states.setter
+    def aux_hidden_states(self, value: torch.Tensor | None) -> None:
+        self.model.aux_hidden_states = value  # a CUDA graph replay points it at the graph's copy
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden_size] -> float32 logits [N, vocab_size]."""

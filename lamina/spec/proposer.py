@@ -54,6 +54,9 @@ def make_model_proposer(config: SpeculativeConfig, target: torch.nn.Module, arch
     if config.method == "medusa":
         from lamina.spec.medusa import MedusaProposer
         return MedusaProposer(config.model, target, device, dtype)
+    if config.method == "eagle":
+        from lamina.spec.eagle import EagleProposer
+        return EagleProposer(config.model, target, dtype, device, attention_backend)
     if config.method == "early_exit":
         from lamina.spec.early_exit import EarlyExitProposer
         return EarlyExitProposer(target, config.exit_layer, block_size)

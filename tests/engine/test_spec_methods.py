@@ -1,4 +1,4 @@
-"""The worker-side proposers in the engine (draft model, early exit; Medusa in tests/spec/test_medusa.py's engine
+"""The worker-side proposers in the engine (draft model, early exit, EAGLE; Medusa in tests/spec/test_medusa.py's engine
 test): greedy output token-identical to no speculation under the prefix cache on and off, chunked prefill and
 preemption; the lookahead KV slots they draft into are held and freed with the request (check_integrity)."""
 from __future__ import annotations
@@ -60,3 +60,18 @@ def test_a_draft_model_with_another_vocabulary_is_a_clear_error(model_dir: str, 
     other = make_tiny_model("llama", tmp_path / "other", vocab_size=256)
     with pytest.raises(ValueError, match="speculative_config.model"):
         LLM(model=model_dir, speculative_config={"method": "draft_model", "model": str(other)}, num_kv_blocks=64)
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=IDS)
+def test_eagle_is_exact(model_dir: str, engine: dict, tmp_path) -> None:
+    """A random EAGLE head (it drafts, it is seldom right): greedy output unchanged, every step's features fed."""
+    from tests.spec.test_eagle import make_head_dir
+    head = make_head_dir(model_dir, tmp_path / "head")
+    want, _ = _run(model_dir, None, **engine)
+    got, llm = _run(model_dir, {"method": "eagle", "model": str(head), "num_speculative_tokens": 3,
+                                "adaptive": False}, **engine)
+    assert got == want
+    stats = llm.engine.get_stats().spec
+    assert stats.num_draft_tokens > 50
+    if engine.get("num_kv_blocks") == 36:
+        assert llm.engine.get_stats().num_preemptions > 0
