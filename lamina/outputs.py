@@ -13,6 +13,9 @@ class Logprob:
 
 # One dict per generated token: token id -> Logprob (the sampled token plus the top-N).
 SampleLogprobs = list[dict[int, Logprob]]
+# One entry per prompt token: None for the first (nothing predicts it), then {token id: Logprob} holding the
+# prompt's own token plus the top-N of the model's distribution at that position (vLLM's shape).
+PromptLogprobs = list[dict[int, Logprob] | None]
 
 
 @dataclass
@@ -68,6 +71,7 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
+    prompt_logprobs: PromptLogprobs | None = None  # SamplingParams.prompt_logprobs (DELTA: in the first output)
     extra: dict = field(default_factory=dict)
 
 

@@ -17,6 +17,9 @@ only fix JSON types and hand the values to SamplingParams). The bounds:
                             prompt tokens + max_tokens > max_model_len (never clamped)
     min_tokens              integer in [0, max_tokens]
     logprobs                None or an integer >= 0 (the engine's max_logprobs caps it)
+    prompt_logprobs         None or an integer >= 0: the logprob of every prompt token after the first, plus the
+                            top-N at each position (the engine's max_logprobs caps it; such a request skips the
+                            prefix cache: its prompt is computed to be scored)
     stop                    a non-empty string or a list of at most 64 of them, valid Unicode
     stop_token_ids          a list of at most 1024 integers in [0, 2^31 - 1] (the engine checks < vocab_size)
     the flags               bool
@@ -124,6 +127,7 @@ class SamplingParams:
     max_tokens: int | None = 16
     min_tokens: int = 0
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     stop_list: list[str] = field(init=False, repr=False)
@@ -152,6 +156,8 @@ class SamplingParams:
                "None or an integer in [-2^63, 2^63 - 1]", self.seed)
         _check(self.logprobs is None or _in_range(self.logprobs, 0, MAX_INT32, integer=True), "logprobs",
                "None or an integer >= 0", self.logprobs)
+        _check(self.prompt_logprobs is None or _in_range(self.prompt_logprobs, 0, MAX_INT32, integer=True),
+               "prompt_logprobs", "None or an integer >= 0", self.prompt_logprobs)
         for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens"):
             _check(isinstance(getattr(self, name), bool), name, "true or false", getattr(self, name))
         _check(isinstance(self.output_kind, RequestOutputKind), "output_kind",
@@ -188,9 +194,11 @@ class SamplingParams:
         return self.temperature < _GREEDY_EPS
 
     def clone_for_sample(self, index: int) -> SamplingParams:
-        """Parameters of parallel sample `index` of an n > 1 request: n=1, seed offset by the index."""
+        """Parameters of parallel sample `index` of an n > 1 request: n=1, seed offset by the index; only sample 0
+        scores the prompt (prompt_logprobs belong to the request, not to a sample)."""
         seed = None if self.seed is None else wrap_seed(self.seed + index)
-        return SamplingParams(**{**self._init_fields(), "n": 1, "seed": seed})
+        prompt_logprobs = self.prompt_logprobs if index == 0 else None
+        return SamplingParams(**{**self._init_fields(), "n": 1, "seed": seed, "prompt_logprobs": prompt_logprobs})
 
     def with_output_kind(self, kind: RequestOutputKind) -> SamplingParams:
         """These parameters asking for `kind`: a copy unless they already do (a caller's object is never

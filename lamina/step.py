@@ -86,6 +86,15 @@ class SchedulerOutput:
 
 
 @dataclass(slots=True)
+class PromptLogprobsChunk:
+    """Logprobs of prompt tokens [start, start + len(entries)) of one request, computed this step (chunked
+    prefill sends a prompt's in pieces; start >= 1: nothing predicts the first prompt token)."""
+
+    start: int
+    entries: list[dict[int, Logprob]]
+
+
+@dataclass(slots=True)
 class ModelRunnerOutput:
     """The worker's answer for one step: tokens only for requests whose scheduled range reached the end.
 
@@ -95,6 +104,7 @@ class ModelRunnerOutput:
             with finish_reason "error" while the rest of the batch goes on)
     num_compiles: Triton kernels the worker compiled while launching the step (its step stats)
     draft_token_ids: request id -> the drafts a worker-side proposer made for the next step (draft_limits)
+    prompt_logprobs: request id -> the prompt logprobs computed this step (SamplingParams.prompt_logprobs)
     """
 
     sampled_token_ids: dict[str, list[int]]
@@ -102,3 +112,4 @@ class ModelRunnerOutput:
     failed: dict[str, str] = field(default_factory=dict)
     num_compiles: int = 0
     draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)

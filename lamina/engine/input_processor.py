@@ -74,9 +74,10 @@ class InputProcessor:
                 f"(max_model_len); the request asks for {num_prompt_tokens + params.max_tokens} "
                 f"({num_prompt_tokens} in the prompt, {params.max_tokens} in the completion). Lower max_tokens "
                 f"(at most {limits.max_model_len - num_prompt_tokens}) or set it to None (the rest of the context)")
-        if params.logprobs is not None and params.logprobs > limits.max_logprobs:
-            raise ValueError(f"logprobs: {params.logprobs} is above the limit of {limits.max_logprobs} "
-                             "(max_logprobs)")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > limits.max_logprobs:
+                raise ValueError(f"{name}: {value} is above the limit of {limits.max_logprobs} (max_logprobs)")
         if params.stop_list and self.tokenizer is None:
             raise ValueError("stop: stop strings need a tokenizer (skip_tokenizer_init=True was set); "
                              "use stop_token_ids instead")

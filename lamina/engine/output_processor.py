@@ -14,10 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from lamina.engine import prompt_logprobs
 from lamina.engine.detokenizer import IncrementalDetokenizer
 from lamina.engine.request import Request
 from lamina.loader.tokenizer import Tokenizer
-from lamina.outputs import CompletionOutput, RequestOutput
+from lamina.outputs import CompletionOutput, PromptLogprobs, RequestOutput
 from lamina.sampling_params import RequestOutputKind
 
 # Called when the detokenizer finds a stop string in a request's text.
@@ -48,6 +49,7 @@ class _Group:
         self.request_id = request_id
         self.samples = samples
         self.kind = samples[0].request.sampling_params.output_kind
+        self.prompt_logprobs_sent = False  # DELTA: they go out once, in the first output that has them
 
     @property
     def finished(self) -> bool:
@@ -136,7 +138,23 @@ class OutputProcessor:
         return RequestOutput(
             request_id=group.request_id, prompt=first.prompt, prompt_token_ids=first.prompt_token_ids,
             outputs=completions, finished=group.finished, metrics=first.metrics,
-            num_cached_tokens=first.metrics.num_cached_tokens, extra={"error": errors[0]} if errors else {})
+            num_cached_tokens=first.metrics.num_cached_tokens, extra={"error": errors[0]} if errors else {},
+            prompt_logprobs=self._prompt_logprobs(group, kind))
+
+    def _prompt_logprobs(self, group: _Group, kind: RequestOutputKind) -> PromptLogprobs | None:
+        """Sample 0's prompt logprobs once complete (decoded), in every output but DELTA's later ones."""
+        sample = group.samples[0]
+        if not prompt_logprobs.is_complete(sample.request) or (kind is RequestOutputKind.DELTA
+                                                                and group.prompt_logprobs_sent):
+            return None
+        group.prompt_logprobs_sent = kind is RequestOutputKind.DELTA or group.prompt_logprobs_sent
+        entries = sample.request.prompt_logprobs
+        if sample.detokenizer is not None and entries[-1] is not None:
+            for entry in entries[1:]:
+                for token_id, logprob in entry.items():
+                    if logprob.decoded_token is None:
+                        logprob.decoded_token = sample.detokenizer.decode_token(token_id)
+        return entries
 
     @staticmethod
     def _cumulative(sample: _Sample) -> CompletionOutput:

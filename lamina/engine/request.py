@@ -13,7 +13,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from lamina.outputs import RequestMetrics, SampleLogprobs
+from lamina.outputs import PromptLogprobs, RequestMetrics, SampleLogprobs
 from lamina.sampling_params import SamplingParams
 
 
@@ -54,6 +54,7 @@ class Request:
     error: str | None = None  # why it ended with FINISHED_ERROR
     logprobs: SampleLogprobs | None = None
     cumulative_logprob: float = 0.0
+    prompt_logprobs: PromptLogprobs | None = None  # filled chunk by chunk (lamina/engine/prompt_logprobs.py)
     metrics: RequestMetrics = field(init=False)
     _all_token_ids: list[int] = field(init=False, repr=False)
 
@@ -62,6 +63,8 @@ class Request:
         self._all_token_ids = list(self.prompt_token_ids)
         if self.sampling_params.logprobs is not None:
             self.logprobs = []
+        if self.sampling_params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None]
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -13,7 +13,7 @@ import time
 from collections import deque
 
 from lamina.config import SchedulerConfig
-from lamina.engine import drafts
+from lamina.engine import drafts, prompt_logprobs
 from lamina.engine.request import Request, RequestStatus
 from lamina.engine.stats import SchedulerStats
 from lamina.engine.step_message import StepMessages
@@ -123,8 +123,8 @@ class Scheduler:
         prefix = None
         if not self.kv.block_ids(request.request_id):
             shared = self._share_parent_prompt(request)
-            if shared == 0:
-                prefix = self.kv.match_prefix(request)
+            if shared == 0:  # a prompt to score is computed whole: no cache hit (vLLM's rule)
+                prefix = PrefixMatch() if prompt_logprobs.scores_prompt(request) else self.kv.match_prefix(request)
             num_computed = shared or prefix.num_tokens
             request.num_computed_tokens = shared  # the forked blocks hold these tokens' KV (the base of allocate_slots)
         else:
@@ -207,8 +207,7 @@ class Scheduler:
                                    {r.request_id: r.num_tokens for r in batch}, decode_ahead=True)
 
     def live_requests(self, scheduled: SchedulerOutput) -> list[Request]:
-        """The requests of a step that are still running (one that ended, even if its id was reused by a
-        request now waiting, is not)."""
+        """The requests of a step still running (not one that ended, even if a waiting request reuses its id)."""
         live, requests, running = [], self.requests, RequestStatus.RUNNING
         for req_id in scheduled.req_ids:
             request = requests.get(req_id)
@@ -239,6 +238,7 @@ class Scheduler:
             num_drafts = len(scheduler_output.scheduled_spec_decode_tokens.get(request.request_id, ()))
             rejected = drafts.settle(request, num_drafts, tokens, self.stats.spec)  # their KV is void
             request.num_computed_tokens += scheduler_output.num_scheduled_tokens[request.request_id] - rejected
+            prompt_logprobs.receive(request, runner_output.prompt_logprobs.get(request.request_id))
             if tokens:
                 self._append_tokens(request, tokens, runner_output, now)
                 changed.append(request)

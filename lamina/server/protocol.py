@@ -53,7 +53,8 @@ class _SamplingRequest(_Unsupported):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def _sampling_params(self, max_tokens: int | None, logprobs: int | None,
+                         prompt_logprobs: int | None = None) -> SamplingParams:
         """SamplingParams; raises ValueError naming the field (a 400)."""
         return SamplingParams(
             n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
@@ -61,7 +62,7 @@ class _SamplingRequest(_Unsupported):
             frequency_penalty=self.frequency_penalty, seed=self.seed, stop=self.stop,
             stop_token_ids=self.stop_token_ids, include_stop_str_in_output=self.include_stop_str_in_output,
             ignore_eos=self.ignore_eos, max_tokens=max_tokens, min_tokens=self.min_tokens, logprobs=logprobs,
-            skip_special_tokens=self.skip_special_tokens)
+            prompt_logprobs=prompt_logprobs, skip_special_tokens=self.skip_special_tokens)
 
 
 class CompletionRequest(_SamplingRequest):
@@ -77,9 +78,17 @@ class CompletionRequest(_SamplingRequest):
             raise ValueError("suffix: is not supported; send null")
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError(f"best_of: only best_of == n is supported, got best_of={self.best_of}, n={self.n}")
-        if self.echo and self.logprobs is not None:
-            raise ValueError("echo: echo with logprobs is not supported (no prompt logprobs)")
-        return self._sampling_params(self.max_tokens, self.logprobs)
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens: 0 needs echo=true (score the prompt only); else an integer >= 1 or null")
+        # echo + logprobs: the prompt's logprobs too; echo with max_tokens 0 generates one token and drops it
+        # (vLLM's way: lm-evaluation-harness scores loglikelihood so)
+        max_tokens = 1 if self.echo_only else self.max_tokens
+        return self._sampling_params(max_tokens, self.logprobs, self.logprobs if self.echo else None)
+
+    @property
+    def echo_only(self) -> bool:
+        """echo with max_tokens 0: the answer is the prompt (and its logprobs), no completion."""
+        return self.echo and self.max_tokens == 0
 
     def prompts(self) -> list[str | dict]:
         """The prompt as a list of engine prompts (one per batch entry)."""

@@ -8,6 +8,9 @@ forward needs: first as host lists (`HostBatch`), then as device tensors (`Input
       logits index = last flattened token of r, only if c + q reaches the end of r's tokens; with k drafts,
                      the last k + 1 (row j predicts draft j, the last row the bonus token)
       sample position = c + q - k: the index in r's tokens of the first token it samples (keys its draw)
+      prompt_logprobs (asked, no output yet): one more logits row per position p in [c, min(c + q, P - 1)),
+                     scoring prompt token p + 1 (P = prompt length); these rows follow ALL the sampling rows
+                     in logits_indices (PromptRows), so the sampling code sees only its own rows
     a decode_ahead step: one token at position c (q = 1), input id 0 until the model runner writes the
     in-flight step's sample there; it always samples
 
@@ -31,6 +34,31 @@ from lamina.worker.batch_state import BatchState
 
 
 @dataclass
+class PromptRows:
+    """The prompt-logprob rows of a step, after the sampling rows: request i scores its prompt tokens
+    [starts[i], starts[i] + counts[i]), whose ids are target_ids (flat), with the top num_logprobs[i]."""
+
+    req_ids: list[str] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    num_logprobs: list[int] = field(default_factory=list)
+    target_ids: list[int] = field(default_factory=list)
+    flat_indices: list[int] = field(default_factory=list)  # the rows' token indices in the flat batch
+
+    def add(self, req_id: str, prompt: list[int], num_logprobs: int, start: int, end: int, base: int) -> None:
+        """Request `req_id` computes positions [start, end) from flat index `base`: score what they predict."""
+        last = min(end, len(prompt) - 1)
+        if last <= start:
+            return
+        self.req_ids.append(req_id)
+        self.starts.append(start + 1)
+        self.counts.append(last - start)
+        self.num_logprobs.append(num_logprobs)
+        self.target_ids += prompt[start + 1:last + 1]
+        self.flat_indices += range(base, base + last - start)
+
+
+@dataclass
 class HostBatch:
     """One step's inputs as Python lists, in the layout of the module docstring."""
 
@@ -45,6 +73,7 @@ class HostBatch:
     sample_positions: list[int] = field(default_factory=list)  # [S]: index of the first token each one samples
     num_draft_tokens: list[int] = field(default_factory=list)  # [S]: k, drafts verified (k + 1 logits rows)
     draft_token_ids: list[int] = field(default_factory=list)  # the drafts, flat, in row order
+    prompt_rows: PromptRows | None = None  # prompt_logprobs: their rows end logits_indices
 
     @property
     def num_seqs(self) -> int:
@@ -87,6 +116,7 @@ def plan_batch(scheduled: SchedulerOutput, states: BatchState, block_size: int) 
     num_drafts: list[int] = []
     draft_ids: list[int] = []
     tables: list[list[int]] = []
+    prompt_rows = PromptRows()
     drafts, held = scheduled.scheduled_spec_decode_tokens, states.requests
     for req_id in scheduled.req_ids:
         state = held[req_id]
@@ -96,6 +126,10 @@ def plan_batch(scheduled: SchedulerOutput, states: BatchState, block_size: int) 
             input_ids.append(0)
         else:
             input_ids += _token_slice(state.token_ids, drafts.get(req_id, []), start, end)
+        params = state.sampling_params
+        if params.prompt_logprobs is not None and state.num_output_tokens == 0 and not scheduled.decode_ahead:
+            prompt = state.token_ids[:state.num_prompt_tokens]
+            prompt_rows.add(req_id, prompt, params.prompt_logprobs, start, end, len(input_ids) - (end - start))
         blocks = state.block_ids
         tables.append(blocks)
         if end - start == 1:  # a decode: the common case, kept cheap
@@ -115,8 +149,9 @@ def plan_batch(scheduled: SchedulerOutput, states: BatchState, block_size: int) 
             draft_ids += verified
     width = max(len(t) for t in tables)
     tables = [t + [0] * (width - len(t)) for t in tables]
+    logits_indices += prompt_rows.flat_indices
     return HostBatch(input_ids, positions, slots, query_start, seq_lens, tables, logits_indices, sampling,
-                     sample_positions, num_drafts, draft_ids)
+                     sample_positions, num_drafts, draft_ids, prompt_rows if prompt_rows.req_ids else None)
 
 
 def to_device(host: HostBatch, device: torch.device) -> InputBatch:

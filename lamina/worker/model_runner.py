@@ -26,6 +26,7 @@ from lamina.worker.drafter import Drafter, StepFeatures
 from lamina.worker.input_batch import HostBatch, plan_batch, to_device
 from lamina.worker.pending_step import PendingStep, Verified
 from lamina.worker.penalty_state import PenaltyState
+from lamina.worker.prompt_logprobs import PromptLogprobsResult, split_prompt_rows
 
 
 def _select_rows(t: torch.Tensor, rows: list[int], device: torch.device) -> torch.Tensor:
@@ -49,13 +50,16 @@ class ModelRunner:
         self.kernel_sampling = uses_sampling_kernel(device)  # the one place that picks the sampling path
         self.graphs: CudaGraphRunner | None = None  # set by the Worker when decode steps are captured
         self.drafter: Drafter | None = None  # set by the Worker when a worker-side proposer drafts
+        self._prompt_logprobs: PromptLogprobsResult | None = None  # the step's scored prompt rows (execute_model)
 
     @torch.inference_mode()
     def execute_model(self, scheduled: SchedulerOutput) -> PendingStep:
         """Apply the message to the worker's request copies and queue the step on the device."""
         compiles = compile_counter.count()
+        self._prompt_logprobs = None  # set by _execute when the step scores prompt tokens
         pending = self._execute(scheduled)
         pending.num_compiles = compile_counter.count() - compiles
+        pending.add_prompt_logprobs(self._prompt_logprobs)
         return pending
 
     def _draft_after(self, pending: PendingStep, scheduled: SchedulerOutput, host: HostBatch,
@@ -84,7 +88,7 @@ class ModelRunner:
             return PendingStep([], None)
         host = plan_batch(scheduled, self.states, self.block_size)
         ahead_ids = self._ahead_input_ids(host.sampling_req_ids, previous) if scheduled.decode_ahead else None
-        hidden = self._forward(host, ahead_ids)
+        hidden, self._prompt_logprobs = split_prompt_rows(self.model, self._forward(host, ahead_ids), host)
         features = None if self.drafter is None else self.drafter.features(self.model, scheduled.req_ids, host)
         if not host.sampling_req_ids:
             if features is not None:  # an EAGLE head is fed the prompt chunks too

@@ -11,6 +11,7 @@ import torch
 from lamina.layers.accept_drafts import accept_drafts
 from lamina.layers.sampler import LogprobsTensors, to_logprob_dicts
 from lamina.step import ModelRunnerOutput
+from lamina.worker.prompt_logprobs import PromptLogprobsResult
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:
@@ -86,9 +87,19 @@ class PendingStep:
         self._host_verified = None if self.verified is None else self.verified.to_host()
         self._host_logprobs = _logprobs_to_host(self.logprobs)
         self._rows: dict[str, int] | None = None
+        self._host_prompt: PromptLogprobsResult | None = None
         self._done = None
         verified_tokens = None if self.verified is None else self.verified.sampled
         if any(t is not None and t.is_cuda for t in (self.sampled, verified_tokens)):
+            self._done = torch.cuda.Event()
+            self._done.record()
+
+    def add_prompt_logprobs(self, result: PromptLogprobsResult | None) -> None:
+        """Carry the step's prompt logprobs (their copy to the host is queued now; read with the tokens)."""
+        if result is None:
+            return
+        self._host_prompt = dataclasses.replace(result, logprobs=_logprobs_to_host(result.logprobs))
+        if result.logprobs.sampled_logprob.is_cuda:
             self._done = torch.cuda.Event()
             self._done.record()
 
@@ -105,10 +116,12 @@ class PendingStep:
         return output
 
     def _read(self) -> ModelRunnerOutput:
-        if self._host_sampled is None and self._host_verified is None:
-            return ModelRunnerOutput(sampled_token_ids={}, failed=self.failed, num_compiles=self.num_compiles)
         if self._done is not None:
             self._done.synchronize()
+        prompt = {} if self._host_prompt is None else self._host_prompt.read()
+        if self._host_sampled is None and self._host_verified is None:
+            return ModelRunnerOutput(sampled_token_ids={}, failed=self.failed, num_compiles=self.num_compiles,
+                                     prompt_logprobs=prompt)
         token_ids = [] if self._host_sampled is None else self._host_sampled.tolist()
         sampled = {r: [t] for r, t in zip(self.req_ids, token_ids)}
         logprobs = {}
@@ -118,4 +131,4 @@ class PendingStep:
         if self._host_verified is not None:
             self._host_verified.read(sampled, logprobs)
         return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs, failed=self.failed,
-                                 num_compiles=self.num_compiles)
+                                 num_compiles=self.num_compiles, prompt_logprobs=prompt)
