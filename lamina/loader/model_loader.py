@@ -79,14 +79,53 @@ def load_checkpoint(model: CausalLM, model_dir: str) -> None:
 @torch.no_grad()
 def init_dummy_weights(model: CausalLM, seed: int = 0) -> None:
     """Norm weights 1, everything else N(0, 0.02): finite, deterministic activations without a checkpoint.
-    Integer parameters (quantized weights, zero points) stay zero."""
+
+    Integer-quantized layers (a quant method with int `args`: W4A16 / W8A16 / W8A8 int8) get valid random
+    integers instead: packed words of uniform random bits, int8 values and zero points uniform in the
+    num_bits range, positive scales that make the dequantized weight's std about 0.02, each shard's
+    weight_shape. Other integer parameters stay zero."""
     generator = None
+    int_params = _quantized_int_params(model)
     for name, param in model.named_parameters():
         if generator is None:
             generator = torch.Generator(device=param.device).manual_seed(seed)
-        if not param.is_floating_point():
+        if name in int_params:
+            _init_quantized(param, name.rpartition(".")[2], *int_params[name], generator)
+        elif not param.is_floating_point():
             param.zero_()
         elif name.endswith("norm.weight"):
             param.fill_(1.0)
         else:
             param.normal_(0.0, _DUMMY_STD, generator=generator)
+
+
+def _quantized_int_params(model: CausalLM) -> dict[str, tuple[int, torch.nn.Module]]:
+    """Parameter name -> (num_bits, its module) for every parameter of an integer-quantized layer."""
+    found = {}
+    for prefix, module in model.named_modules():
+        args = getattr(getattr(module, "quant_method", None), "args", None)
+        if args is None or getattr(args, "type", "int") != "int" or not isinstance(args.num_bits, int):
+            continue
+        for name, _ in module.named_parameters(recurse=False):
+            found[f"{prefix}.{name}" if prefix else name] = (args.num_bits, module)
+    return found
+
+
+def _init_quantized(param: torch.Tensor, leaf: str, num_bits: int, module: torch.nn.Module,
+                    generator: torch.Generator) -> None:
+    lo, hi = -(1 << (num_bits - 1)), (1 << (num_bits - 1)) - 1
+    if leaf == "weight_packed":  # int32 words of uniform random bits: uniform values, every field valid
+        param.copy_(torch.randint(-(1 << 31), 1 << 31, param.shape, generator=generator, device=param.device,
+                                  dtype=torch.int64).to(param.dtype))
+    elif leaf == "weight_shape":
+        sizes = getattr(module.quant_method, "output_sizes", None)
+        if sizes is not None and len(sizes) == param.shape[0]:
+            param.copy_(torch.tensor([[n, module.quant_method.input_size] for n in sizes], dtype=param.dtype))
+    elif not param.is_floating_point():  # int8 values (naive layout) and zero points
+        param.copy_(torch.randint(lo, hi + 1, param.shape, generator=generator, device=param.device,
+                                  dtype=torch.int64).to(param.dtype))
+    elif leaf == "weight_scale":  # (q - z) spans ~2^b values: std ~ 2^b / sqrt(12)
+        std_q = (1 << num_bits) / 12 ** 0.5
+        param.uniform_(0.5 * _DUMMY_STD / std_q, 1.5 * _DUMMY_STD / std_q, generator=generator)
+    else:
+        param.normal_(0.0, _DUMMY_STD, generator=generator)

@@ -10,18 +10,23 @@ Parameters of one layer (rows = the sum of its fused output sizes, groups = in /
                                                          packs it along rows, across fused shards' borders)
     weight_shape       int64 [shards, 2]                 each shard's (out, in), checked against the layer
 
-`apply` dequantizes the whole weight and multiplies (the reference path: exact, any device, not fast).
-A faster kernel plugs in at `kernel_for` without touching the models.
+`apply` runs the Triton kernels that `kernel_for` picks on CUDA (lamina/kernels/wna16_gemv.py for 1..4 rows,
+wna16_gemm.py for more: they read these same parameters, the checkpoint's layout, so nothing is repacked after
+loading), else the reference path: dequantize the whole weight and multiply (exact, any device, not fast; the
+kernels' oracle).
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lamina.layers import dispatch
 from lamina.layers.linear import QuantMethod, copy_checked, set_weight_attrs
 from lamina.quant.config import WeightQuantArgs
 from lamina.quant.packing import packed_size, unpack_int32
@@ -31,10 +36,52 @@ Kernel = Callable[[nn.Module, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
 def kernel_for(x: torch.Tensor, layer: nn.Module, args: WeightQuantArgs) -> Kernel | None:
-    """The hook for fast W4A16 / W8A16 kernels (Triton GEMV for decode-sized batches, GEMM for prefill,
-    issue #13): return one when x is on CUDA and triton imports, importing it lazily, as
-    lamina.layers.dispatch does. None (always, for now) runs the reference path. Never imports triton on CPU."""
-    return None
+    """The fast W4A16 / W8A16 path (issue #13): on CUDA (dispatch.on_kernel_device), for fp16 / bf16 x with
+    scales of x's dtype and triton importable, lamina.kernels.wna16_gemv for 1..4 rows (when the layer's
+    KernelChoice allows the GEMV) and lamina.kernels.wna16_gemm for the rest; None runs the reference path.
+    Pack-quantized 4- and 8-bit weights, and naive int8 ones whose rows are whole int32 words. Triton is
+    imported on the first CUDA call only, never on CPU."""
+    if not (dispatch.on_kernel_device(x) and x.dtype in dispatch.GEMV_DTYPES) or getattr(args, "type", "int") != "int":
+        return None
+    if layer.weight_scale.dtype != x.dtype or x.shape[-1] == 0:
+        return None
+    if args.layout == "pack-quantized":
+        words, xor = layer.weight_packed, 0
+    elif args.num_bits == 8 and x.shape[-1] % 4 == 0 and layer.weight.is_contiguous():
+        words, xor = None, _NAIVE_INT8_XOR
+    else:
+        return None
+    per_word = 32 // args.num_bits
+    group_size = args.group_size if args.strategy == "group" else None
+    if group_size is not None and group_size % per_word:
+        return None
+    kernels = _wna16_kernels()
+    if kernels is None:
+        return None
+    gemv, gemm = kernels
+    rows = x.numel() // x.shape[-1]
+    use_gemv = rows <= gemv.MAX_M and getattr(layer, "kernels", dispatch.DEFAULT_KERNELS).gemv
+
+    def run(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1])
+        w = words if words is not None else layer.weight.view(torch.int32)
+        zero = getattr(layer, "weight_zero_point", None)
+        fn = gemv.wna16_gemv if use_gemv else gemm.wna16_gemm
+        out = fn(x2, w, layer.weight_scale, zero, bias, args.num_bits, group_size, xor)
+        return out.view(*x.shape[:-1], out.shape[-1])
+    return run
+
+
+_NAIVE_INT8_XOR = -0x7F7F7F80  # lamina.kernels.wna16_gemv.NAIVE_INT8_XOR, without importing triton
+
+
+@functools.cache
+def _wna16_kernels() -> tuple[ModuleType, ModuleType] | None:
+    try:
+        from lamina.kernels import wna16_gemm, wna16_gemv
+    except ImportError:  # no triton: the reference path
+        return None
+    return wna16_gemv, wna16_gemm
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None) -> torch.Tensor:

@@ -1,0 +1,132 @@
+"""W4A16 / W8A16 GEMM for prefill and large batches: out = x @ dequantize(q, scale, zero_point).T (+ bias).
+
+Same operands as lamina.kernels.wna16_gemv (pack-quantized int32 words [N, KW], scale [N, groups] in x's dtype,
+int8 zero points or None, `xor` for a naive int8 weight viewed as words), any number of rows M.
+
+Grid: one program per [BLOCK_M, BLOCK_N] output tile, programs ordered in bands of GROUP_M tile rows (the
+weight tiles of a band stay in L2 while its x tiles are reused). Each K step loads x [BLOCK_M, BLOCK_K] and the
+words holding weight [BLOCK_K, BLOCK_N] (each word is read by the 32 / BITS lanes that need one of its values:
+the load coalescer serves them together), unpacks u = (word >> shift) & mask, and dequantizes in registers
+
+    w = ((u - OFFSET - z) * s).to(x.dtype)      the exact value and one rounding: the reference's bf16 weight
+
+then tl.dot(x, w) accumulates in fp32 (tensor cores on the GPU). The scale (and zero point) of a tile is one
+[BLOCK_N] vector when BLOCK_K divides the group size (SCALAR_GROUP; always for "channel"), else gathered per
+element. Bias and one rounding in the epilogue. No host sync, no workspace: capturable in a CUDA graph.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from lamina.kernels.wna16_gemv import CHANNEL_GROUP, check_inputs
+
+
+@dataclass(frozen=True)
+class WNA16GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+
+    @property
+    def name(self) -> str:
+        return f"m{self.block_m}-n{self.block_n}-k{self.block_k}-g{self.group_m}-w{self.num_warps}-p{self.num_stages}"
+
+
+@functools.lru_cache(maxsize=None)
+def default_config(m: int, n: int, k: int, group_size: int | None) -> WNA16GemmConfig:
+    """BLOCK_M grows with the rows (16 .. 128), BLOCK_N 128 (64 below 64 rows: more programs while the
+    weight stream dominates), BLOCK_K 64, or a smaller power of two (>= 16) dividing the group size."""
+    block_m = min(128, max(16, triton.next_power_of_2(m)))
+    block_n = 128 if m > 64 else 64
+    block_k = 64
+    if group_size is not None:
+        while block_k > 16 and group_size % block_k:
+            block_k //= 2
+    num_warps = 8 if block_m * block_n >= 128 * 128 else 4
+    return WNA16GemmConfig(block_m, block_n, block_k, 8, num_warps, 3 if block_m <= 64 else 4)
+
+
+@triton.jit
+def _wna16_gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, group_size,
+                       stride_xm, stride_wn, stride_sn, stride_zn, stride_om,
+                       BITS: tl.constexpr, XOR: tl.constexpr, HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       SCALAR_GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    PACK: tl.constexpr = 32 // BITS
+    OFFSET: tl.constexpr = 1 << (BITS - 1)
+    MASK: tl.constexpr = (1 << BITS) - 1
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    band = pid // (GROUP_M * tiles_n)
+    first_m = band * GROUP_M
+    band_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * tiles_n)) % band_rows
+    pid_n = (pid % (GROUP_M * tiles_n)) // band_rows
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_c = tl.minimum(offs_n, N - 1).to(tl.int64)  # clamped: unmasked weight loads
+    m_mask = offs_m < M
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
+    w_cols = w_ptr + n_c[None, :] * stride_wn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < K
+        x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        words = tl.load(w_cols + (offs_k // PACK)[:, None], mask=k_mask[:, None], other=0)  # [BLOCK_K, BLOCK_N]
+        if XOR != 0:
+            words = words ^ XOR
+        u = ((words >> ((offs_k % PACK) * BITS)[:, None]) & MASK).to(tl.float32)
+        if SCALAR_GROUP:
+            g = k0 // group_size
+            s = tl.load(s_ptr + n_c * stride_sn + g).to(tl.float32)[None, :]
+            if HAS_ZERO:
+                z = tl.load(z_ptr + n_c * stride_zn + g).to(tl.float32)[None, :] + OFFSET
+            else:
+                z = OFFSET
+        else:
+            g = tl.where(k_mask, offs_k // group_size, 0)[:, None]
+            s = tl.load(s_ptr + n_c[None, :] * stride_sn + g).to(tl.float32)
+            if HAS_ZERO:
+                z = tl.load(z_ptr + n_c[None, :] * stride_zn + g).to(tl.float32) + OFFSET
+            else:
+                z = OFFSET
+        w = ((u - z) * s).to(x_ptr.dtype.element_ty)
+        acc = tl.dot(x, w, acc)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + n_c).to(tl.float32)[None, :]
+    out = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & (offs_n < N)[None, :])
+
+
+def wna16_gemm(x: torch.Tensor, words: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None,
+               bias: torch.Tensor | None, num_bits: int, group_size: int | None, xor: int = 0,
+               config: WNA16GemmConfig | None = None) -> torch.Tensor:
+    """x [M, K] @ dequantize(words, scale, zero_point).T (+ bias) -> [M, N] in x's dtype, any M >= 0.
+    group_size None: strategy "channel" (scale [N, 1])."""
+    check_inputs(x, words, scale, zero_point, bias, num_bits)
+    (m, k), n = x.shape, words.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return out
+    cfg = config or default_config(m, n, k, group_size)
+    assert cfg.block_k % (32 // num_bits) == 0 or (32 // num_bits) % cfg.block_k == 0
+    gs = group_size or CHANNEL_GROUP
+    z = scale if zero_point is None else zero_point  # never read without HAS_ZERO
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
+    _wna16_gemm_kernel[grid](
+        x, words, scale, z, out if bias is None else bias, out, m, n, k, gs,
+        x.stride(0), words.stride(0), scale.stride(0), z.stride(0), out.stride(0),
+        BITS=num_bits, XOR=xor, HAS_ZERO=zero_point is not None, HAS_BIAS=bias is not None,
+        SCALAR_GROUP=gs % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out

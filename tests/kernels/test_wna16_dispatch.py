@@ -1,0 +1,95 @@
+"""lamina.quant.wna16.kernel_for: which quantized layers take the Triton GEMV / GEMM, and that a layer computes
+the same through them as through its reference path (dispatch.on_kernel_device is patched so that CPU tensors
+route as CUDA ones would; the kernels run under the interpreter)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from lamina.config import KernelChoice  # noqa: E402
+from lamina.kernels import wna16_gemm, wna16_gemv  # noqa: E402
+from lamina.layers import dispatch  # noqa: E402
+from lamina.layers.linear import MergedColumnParallelLinear  # noqa: E402
+from lamina.quant.config import WeightQuantArgs  # noqa: E402
+from lamina.quant.packing import pack_int32  # noqa: E402
+from lamina.quant.wna16 import WNA16LinearMethod, kernel_for  # noqa: E402
+from tests.kernels.test_wna16 import assert_matches  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("bf16_round_to_nearest")
+IN, OUT = (64, [24, 13])  # a fused layer of two shards, 37 rows in all
+
+
+def _layer(args: WeightQuantArgs, kernels: KernelChoice = KernelChoice(), seed: int = 0
+           ) -> MergedColumnParallelLinear:
+    """A gate_up-like layer in bf16 with random integers, scales, zero points and bias."""
+    g = torch.Generator().manual_seed(seed)
+    layer = MergedColumnParallelLinear(IN, OUT, bias=True, quant_method=WNA16LinearMethod(args),
+                                       kernels=kernels).to(torch.bfloat16)
+    rows, groups = sum(OUT), args.num_groups(IN)
+    lo, hi = -(1 << (args.num_bits - 1)), (1 << (args.num_bits - 1)) - 1
+    q = torch.randint(lo, hi + 1, (rows, IN), generator=g).to(torch.int8)
+    with torch.no_grad():
+        if args.layout == "pack-quantized":
+            layer.weight_packed.copy_(pack_int32(q, args.num_bits))
+        else:
+            layer.weight.copy_(q)
+        layer.weight_scale.copy_(torch.rand(rows, groups, generator=g) * 0.01 + 0.002)
+        layer.bias.copy_(torch.randn(rows, generator=g))
+        if not args.symmetric:
+            layer.weight_zero_point.copy_(torch.randint(lo, hi + 1, (rows, groups), generator=g).to(torch.int8))
+    layer.quant_method.process_after_loading(layer)
+    return layer
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """CPU tensors route as CUDA ones; records (kernel, rows) of every quantized kernel call."""
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(dispatch, "on_kernel_device", lambda x: True)
+    for module, name in ((wna16_gemv, "wna16_gemv"), (wna16_gemm, "wna16_gemm")):
+        def counting(x: torch.Tensor, *a, _f=getattr(module, name), _n=name, **kw) -> torch.Tensor:
+            calls.append((_n, x.shape[0]))
+            return _f(x, *a, **kw)
+        monkeypatch.setattr(module, name, counting)
+    return calls
+
+
+ARGS = [WeightQuantArgs(4, False, "group", 32), WeightQuantArgs(8, True, "channel"),
+        WeightQuantArgs(8, False, "group", 16, layout="naive-quantized")]
+
+
+@pytest.mark.parametrize("args", ARGS, ids=lambda a: f"int{a.num_bits}-{a.strategy}-{a.layout}")
+def test_layer_routes_rows_and_matches_the_reference(args: WeightQuantArgs,
+                                                     kernel_calls: list[tuple[str, int]]) -> None:
+    layer = _layer(args)
+    g = torch.Generator().manual_seed(1)
+    for shape in [(1, IN), (2, 2, IN), (4, IN), (5, IN), (3, 7, IN)]:
+        x = torch.randn(*shape, generator=g).to(torch.bfloat16)
+        expected = torch.nn.functional.linear(x, layer.quant_method.dequantized_weight(layer), layer.bias)
+        out = layer(x)
+        assert out.shape == (*shape[:-1], sum(OUT))
+        assert_matches(out.reshape(-1, sum(OUT)), expected.reshape(-1, sum(OUT)))
+    assert kernel_calls == [("wna16_gemv", 1), ("wna16_gemv", 4), ("wna16_gemv", 4), ("wna16_gemm", 5),
+                            ("wna16_gemm", 21)]
+
+
+def test_gemv_off_takes_the_gemm(kernel_calls: list[tuple[str, int]]) -> None:
+    layer = _layer(ARGS[0], KernelChoice(gemv=False))
+    layer(torch.randn(1, IN).to(torch.bfloat16))
+    assert kernel_calls == [("wna16_gemm", 1)]
+
+
+def test_what_stays_on_the_reference_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    layer = _layer(ARGS[0])
+    x = torch.randn(1, IN).to(torch.bfloat16)
+    assert kernel_for(x, layer, ARGS[0]) is None  # CPU
+    monkeypatch.setattr(dispatch, "on_kernel_device", lambda x: True)
+    assert kernel_for(x, layer, ARGS[0]) is not None
+    assert kernel_for(x.float(), layer, ARGS[0]) is None  # fp32 activations
+    assert kernel_for(x.half(), layer, ARGS[0]) is None  # scales in another dtype than x
+    odd = WeightQuantArgs(4, False, "group", 4)  # a group of half a word
+    assert kernel_for(x, _layer(odd), odd) is None
+    naive4 = WeightQuantArgs(4, True, "channel", layout="naive-quantized")  # int4 values one per int8
+    assert kernel_for(x, _layer(naive4), naive4) is None
