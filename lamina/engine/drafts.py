@@ -63,8 +63,9 @@ class TokenArrays:
 
 
 def propose_drafts(proposer: Proposer, requests: list[Request], k: int, max_model_len: int, arrays: TokenArrays,
-                   policy: SpecPolicy | None = None, stats: SpecDecodeStats | None = None) -> None:
-    """Set the drafts of every running request that may have some (spec_token_ids; [] for the others).
+                   policy: SpecPolicy | None = None, stats: SpecDecodeStats | None = None) -> bool:
+    """Set the drafts of every running request that may have some (spec_token_ids; [] for the others). Returns
+    whether any request was allowed drafts, found or not (False: speculation does not pay this step).
 
     Without a `policy` each request gets up to max_drafts. With one (adaptive speculation) max_drafts is the
     hard cap: the policy first reads the verifies of the step just run, then picks each request's limit (all 0:
@@ -86,7 +87,7 @@ def propose_drafts(proposer: Proposer, requests: list[Request], k: int, max_mode
     for i, tokens in zip(asking, drafts):
         requests[i].spec_token_ids = list(tokens[:limits[i]])
     if policy is None:
-        return
+        return bool(asking)
     found = [len(r.spec_token_ids) for r in requests]
     kept = found
     if asking:
@@ -97,6 +98,7 @@ def propose_drafts(proposer: Proposer, requests: list[Request], k: int, max_mode
                 request.spec_token_ids = request.spec_token_ids[:keep]
     if stats is not None:
         stats.record_policy(caps, limits, found, kept)
+    return bool(asking)
 
 
 def _base_tokens(requests: list[Request]) -> int:

@@ -29,7 +29,9 @@ MAX_REST = 32  # steps: the longest pause of the policy's decisions while specul
 class Rest:
     """After a step for which the policy let nobody draft, the next 1, 2, 4, ... MAX_REST steps make no decision
     at all (no proposal, no policy work) and may be launched ahead (async scheduling), so that speculation which
-    does not pay costs next to nothing; a step with drafts resets the pause to 1."""
+    does not pay costs next to nothing; a step for which it allowed drafts resets the pause to 1, whether the
+    proposer found any or not (pausing on a step without an n-gram match missed the matches of the steps after
+    it: adaptive n-gram verified once in 200 steps where k fixed verified 53 times)."""
 
     left: int = 0
     length: int = 1
@@ -95,9 +97,10 @@ class Speculator:
             self.policy.observe_scheduled(scheduled, step_seconds)
         start = time.perf_counter()
         if self.proposer is not None:
-            propose_drafts(self.proposer, running, self.k, self.max_model_len, self._arrays, self.policy, self.stats)
-            if self.policy is not None:
-                self._rest.decided(any(r.spec_token_ids for r in running))
+            allowed = propose_drafts(self.proposer, running, self.k, self.max_model_len, self._arrays, self.policy,
+                                     self.stats)
+            if self.policy is not None:  # its verdict, not the proposer's luck: see Rest
+                self._rest.decided(allowed)
         elif verified or result.draft_token_ids:
             self._take_worker_drafts(result, running)
         self.stats.draft_seconds += time.perf_counter() - start

@@ -31,8 +31,11 @@ class StepCostModel:
     """Wall time of a step as a function of the tokens it computes, calibrated from measured steps.
 
     A step falls in a token-count bucket; a bucket keeps its last `window` steps and stands for the point
-    (median tokens, median seconds), or (median tokens, min seconds) while it has fewer than `min_samples`.
-    The points are made non-decreasing (isotonic) and joined linearly. Where there are none:
+    (median tokens, median seconds) once it has `min_samples` of them. Before that it stands for its fastest
+    step, but never above what the measured buckets predict there: one slow step (a first use, a stall) makes
+    a step size look no dearer than its neighbours until it is measured again, so the policy tries it again
+    instead of ruling it out for good. The points are made non-decreasing (isotonic) and joined linearly.
+    Where there are none:
 
         no point at all      1.0 s at every count: drafts look free, so the first verify steps get measured
         below the first x0   y0 * T / x0, proportional: the base step looks cheap, so it gets measured
@@ -69,19 +72,33 @@ class StepCostModel:
                 y = seconds[len(seconds) // 2] if len(steps) >= self.min_samples else seconds[0]
                 self._points[bucket] = (sorted(t for t, _ in steps)[len(steps) // 2], y, len(steps))
             points = [self._points[b] for b in sorted(self._points)]
-            self._curve = (np.array([x for x, _, _ in points], dtype=np.float64),
-                           np.array(_isotonic([y for _, y, _ in points], [n for _, _, n in points])))
+            measured = [p for p in points if p[2] >= self.min_samples]
+            if measured and len(measured) < len(points):
+                xs, ys = _fit(measured)
+                points = [p if p[2] >= self.min_samples else (p[0], min(p[1], float(_evaluate(xs, ys, p[0]))), p[2])
+                          for p in points]
+            self._curve = _fit(points)
         return self._curve
 
     def cost(self, num_tokens: int | np.ndarray) -> np.ndarray:
         """Estimated seconds of a step of `num_tokens` tokens (elementwise)."""
-        xs, ys = self.points()
-        tokens = np.asarray(num_tokens, dtype=np.float64)
-        if not len(xs):
-            return np.ones_like(tokens)
-        out = np.interp(tokens, xs, ys)
-        out = np.where(tokens < xs[0], ys[0] * tokens / xs[0], out)
-        anchor = max(int(np.searchsorted(xs, xs[-1] / 2, side="right")) - 1, 0)
-        slope = (ys[-1] - ys[anchor]) / (xs[-1] - xs[anchor]) if anchor < len(xs) - 1 else 0.0
-        slope = min(max(slope, 0.0), ys[-1] / xs[-1])
-        return np.where(tokens > xs[-1], ys[-1] + slope * (tokens - xs[-1]), out)
+        return _evaluate(*self.points(), num_tokens)
+
+
+def _fit(points: list[tuple[float, float, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, seconds, steps) points, tokens increasing -> the curve's arrays, seconds made non-decreasing."""
+    return (np.array([x for x, _, _ in points], dtype=np.float64),
+            np.array(_isotonic([y for _, y, _ in points], [n for _, _, n in points])))
+
+
+def _evaluate(xs: np.ndarray, ys: np.ndarray, num_tokens: int | np.ndarray) -> np.ndarray:
+    """The curve through (xs, ys) at `num_tokens`, extended as the StepCostModel docstring says."""
+    tokens = np.asarray(num_tokens, dtype=np.float64)
+    if not len(xs):
+        return np.ones_like(tokens)
+    out = np.interp(tokens, xs, ys)
+    out = np.where(tokens < xs[0], ys[0] * tokens / xs[0], out)
+    anchor = max(int(np.searchsorted(xs, xs[-1] / 2, side="right")) - 1, 0)
+    slope = (ys[-1] - ys[anchor]) / (xs[-1] - xs[anchor]) if anchor < len(xs) - 1 else 0.0
+    slope = min(max(slope, 0.0), ys[-1] / xs[-1])
+    return np.where(tokens > xs[-1], ys[-1] + slope * (tokens - xs[-1]), out)

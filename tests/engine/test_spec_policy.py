@@ -177,6 +177,22 @@ def test_cost_model_before_and_beyond_its_measurements() -> None:
     assert model.cost(40) == pytest.approx(0.020) and model.cost(30) == pytest.approx(0.0155)  # 3: the median
 
 
+def test_one_slow_step_does_not_rule_out_a_step_size_until_it_is_measured_again() -> None:
+    """A first verify step that happened to be slow (a first use, a stall) looks no dearer than the measured
+    steps predict until its bucket has min_samples steps; then their median rules (regression: one 272 ms
+    first verify on a CPU beside 35 ms decodes switched speculation off for the rest of the run)."""
+    model = StepCostModel()
+    model.seed([(1, 0.035)])
+    model.observe(4, 0.272)
+    assert model.cost(4) == pytest.approx(0.035)  # flat beyond the one measured point
+    model.observe(4, 0.040)
+    assert model.cost(4) == pytest.approx(0.035)
+    model.observe(4, 0.041)
+    assert model.cost(4) == pytest.approx(0.041)  # measured: the median of 272, 40, 41 ms
+    model.observe(1, 0.5)  # a stall in a measured bucket moves its median only
+    assert model.cost(1) == pytest.approx(0.035)
+
+
 def test_cold_start_measures_then_decides() -> None:
     policy, ids = SpecPolicy(), [f"r{i}" for i in range(4)]
     assert policy.draft_limits(ids, [3] * 4) == [3] * 4  # prior 0.5, nothing measured
