@@ -72,9 +72,9 @@ class _SometimesRight:
 
 def test_steps_without_a_match_do_not_pause_a_policy_that_lets_requests_draft(tmp_path) -> None:
     """Where drafts pay (a flat step cost, as on a GPU at batch 1, and every draft accepted), the policy lets the
-    request draft every step; a step where the proposer finds no match must not pause it (regression: it paused for 1, 2, 4, .. 32 steps
-    after each step without a match: adaptive n-gram verified once in 200 steps where k fixed verified 53
-    times)."""
+    request draft every step; a step where the proposer finds no match must not pause it (regression: it paused
+    for 1, 2, 4, .. 32 steps after each step without a match: adaptive n-gram verified once in 200 steps where
+    k fixed verified 53 times)."""
     model = make_tiny_model("llama", tmp_path / "m", vocab_size=320)
     prompt, params = [5, 6, 7, 8, 9, 10], SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
     want = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64).generate(
