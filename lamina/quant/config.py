@@ -2,10 +2,10 @@
 
     config.json  --parse_quant_config-->  QuantConfig  --get_quant_method(layer, prefix)-->  QuantMethod | None
 
-`QuantConfig` is format-neutral: a list of `QuantScheme`s (targets + weight args) and an ignore list, the
-compressed-tensors model (lamina/quant/compressed_tensors.py parses and writes that format). Models pass
-each layer's class and its checkpoint prefix (`model.layers.3.mlp.down_proj`); a fused lamina layer
-(`qkv_proj`, `gate_up_proj`) is matched through its checkpoint shards, which must all agree.
+`QuantConfig` is format-neutral: a list of `QuantScheme`s (targets, weight args and, for W8A8, the input
+activations' args) and an ignore list, the compressed-tensors model (lamina/quant/compressed_tensors.py parses
+and writes that format). Models pass each layer's class and its checkpoint prefix (`model.layers.3.mlp.down_proj`);
+a fused lamina layer (`qkv_proj`, `gate_up_proj`) is matched through its checkpoint shards, which must all agree.
 """
 from __future__ import annotations
 
@@ -22,15 +22,17 @@ FUSED_MODULES: dict[str, tuple[str, ...]] = {
     "gate_up_proj": ("gate_proj", "up_proj"),
 }
 STRATEGIES = ("channel", "group")
+WEIGHT_TYPES = ("int", "float")  # float: fp8 e4m3
 
 
 @dataclass(frozen=True)
 class WeightQuantArgs:
-    """How a weight is quantized: num_bits-bit integers, w = (q - zero_point) * scale.
+    """How a weight is quantized: num_bits-bit integers (or fp8 e4m3 values), w = (q - zero_point) * scale.
 
     strategy "channel": one scale (and zero point) per output row; "group": one per `group_size` input
     columns of a row. `layout` is how the checkpoint stores q: "pack-quantized" (int32 words,
-    lamina/quant/packing.py) or "naive-quantized" (one int8 per value).
+    lamina/quant/packing.py) or one value per element: "naive-quantized" / "int-quantized" (int8),
+    "float-quantized" (float8_e4m3fn), the names compressed-tensors gives them.
     """
 
     num_bits: int
@@ -38,8 +40,14 @@ class WeightQuantArgs:
     strategy: str
     group_size: int | None = None
     layout: str = "pack-quantized"
+    type: str = "int"
 
     def __post_init__(self) -> None:
+        if self.type not in WEIGHT_TYPES:
+            raise ValueError(f"weights.type: {self.type!r} is not supported; supported: {list(WEIGHT_TYPES)}")
+        if self.type == "float" and (self.num_bits != 8 or not self.symmetric or self.strategy != "channel"):
+            raise ValueError(f"weights: float weights are read as fp8 e4m3, symmetric, one scale per channel; got "
+                             f"num_bits {self.num_bits}, symmetric {self.symmetric}, strategy {self.strategy!r}")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"weights.strategy: {self.strategy!r} is not supported; supported: {list(STRATEGIES)}")
         if self.strategy == "group" and (not isinstance(self.group_size, int) or self.group_size <= 0):
@@ -60,9 +68,42 @@ class WeightQuantArgs:
 
 
 @dataclass(frozen=True)
+class ActivationQuantArgs:
+    """How a linear's input is quantized at run time (W8A8): 8-bit int or fp8 e4m3, one scale per token
+    computed from the token itself ("token", dynamic, symmetric), the only activation scheme lamina runs."""
+
+    type: str  # "int" or "float"
+    num_bits: int = 8
+    strategy: str = "token"
+    dynamic: bool = True
+    symmetric: bool = True
+
+    def __post_init__(self) -> None:
+        if self.type not in WEIGHT_TYPES or self.num_bits != 8:
+            raise ValueError(f"input_activations: 8-bit 'int' or 'float' is supported, got {self.num_bits}-bit "
+                             f"{self.type!r}")
+        if self.strategy != "token" or not self.dynamic or not self.symmetric:
+            raise ValueError(f"input_activations: only dynamic, symmetric, per-token scales are supported; got "
+                             f"strategy {self.strategy!r}, dynamic {self.dynamic!r}, symmetric {self.symmetric!r}")
+
+
+@dataclass(frozen=True)
 class QuantScheme:
     targets: tuple[str, ...]  # "Linear" (every linear layer), "re:<regex>" or an exact module name
     weights: WeightQuantArgs
+    input_activations: ActivationQuantArgs | None = None  # None: weight-only (W4A16, W8A16)
+
+    def __post_init__(self) -> None:
+        acts = self.input_activations
+        if acts is None and self.weights.type == "float":
+            raise ValueError("input_activations: fp8 weights are read with fp8 activations (FP8 W8A8) only")
+        if acts is not None and (acts.type != self.weights.type or self.weights.num_bits != 8
+                                 or self.weights.strategy != "channel" or not self.weights.symmetric):
+            raise ValueError(f"input_activations: W8A8 needs 8-bit symmetric per-channel weights of the same type "
+                             f"as the activations ({acts.type!r}), got {self.weights}")
+
+
+SchemeArgs = tuple[WeightQuantArgs, ActivationQuantArgs | None]  # a layer's weight and input activation args
 
 
 @dataclass(frozen=True)
@@ -72,35 +113,67 @@ class QuantConfig:
     quant_method: str
     schemes: tuple[QuantScheme, ...]
     ignore: tuple[str, ...] = ()
+    llm_int8_threshold: float | None = None  # lamina's LLM.int8() marker (lamina/quant/llm_int8.py)
+
+    def __post_init__(self) -> None:
+        if self.llm_int8_threshold is None:
+            return
+        if not isinstance(self.llm_int8_threshold, (int, float)) or self.llm_int8_threshold <= 0:
+            raise ValueError(f"quantization_config.lamina_llm_int8.threshold: a positive number is needed, "
+                             f"got {self.llm_int8_threshold!r}")
+        for scheme in self.schemes:
+            w = scheme.weights
+            if scheme.input_activations is not None or (w.type, w.num_bits, w.symmetric, w.strategy) != (
+                    "int", 8, True, "channel"):
+                raise ValueError("quantization_config.lamina_llm_int8: LLM.int8() runs on W8A16 schemes (int8, "
+                                 f"symmetric, per channel, no input_activations), got {scheme}")
 
     def scheme_for(self, layer_class: str, names: list[str]) -> WeightQuantArgs | None:
         """The weight args of the module(s) `names` (one, or a fused layer's shards), or None: unquantized."""
+        args = self.args_for(layer_class, names)
+        return None if args is None else args[0]
+
+    def args_for(self, layer_class: str, names: list[str]) -> SchemeArgs | None:
+        """(weight args, input activation args) of the module(s) `names`, or None: unquantized."""
         found = {name: self._scheme_of_one(layer_class, name) for name in names}
         if len(set(found.values())) > 1:
             raise ValueError(f"quantization_config: the fused shards {names} have different schemes ({found}); "
                              f"lamina fuses them into one layer, so they must be quantized alike")
         return found[names[0]]
 
-    def _scheme_of_one(self, layer_class: str, name: str) -> WeightQuantArgs | None:
+    def _scheme_of_one(self, layer_class: str, name: str) -> SchemeArgs | None:
         if any(_matches(target, layer_class, name) for target in self.ignore):
             return None
         for rank in (_exact, _regex, _klass):  # an exact name beats a regex beats a class name
             for scheme in self.schemes:
                 if any(rank(target, layer_class, name) for target in scheme.targets):
-                    return scheme.weights
+                    return scheme.weights, scheme.input_activations
         return None
 
     def get_quant_method(self, layer: type, prefix: str) -> QuantMethod | None:
         """The method for a layer of class `layer` whose checkpoint name is `prefix`; None = unquantized.
 
         Linear layers (lamina.layers.linear's, and the LM head) are matched; anything else is never quantized.
+        Weight-only schemes run in wna16.py (llm_int8.py with the LLM.int8() marker), W8A8 int8 in
+        w8a8_int8.py, FP8 W8A8 in fp8.py.
         """
-        from lamina.quant.wna16 import WNA16LinearMethod
-
         if not _is_linear(layer):
             return None
-        args = self.scheme_for("Linear", shard_names(prefix))
-        return None if args is None else WNA16LinearMethod(args)
+        found = self.args_for("Linear", shard_names(prefix))
+        if found is None:
+            return None
+        weights, activations = found
+        if activations is None and self.llm_int8_threshold is not None:
+            from lamina.quant.llm_int8 import LLMInt8LinearMethod
+            return LLMInt8LinearMethod(weights, self.llm_int8_threshold)
+        if activations is None:
+            from lamina.quant.wna16 import WNA16LinearMethod
+            return WNA16LinearMethod(weights)
+        if activations.type == "int":
+            from lamina.quant.w8a8_int8 import W8A8Int8LinearMethod
+            return W8A8Int8LinearMethod(weights)
+        from lamina.quant.fp8 import Fp8LinearMethod
+        return Fp8LinearMethod(weights)
 
 
 def shard_names(prefix: str) -> list[str]:

@@ -1,7 +1,8 @@
 """Offline quantization methods (`lamina quantize --method NAME`): each is a `Recipe` in its own file.
 
-A recipe says which checkpoint scheme it writes (`weight_args`), how it turns one weight matrix into
-integers and scales (`quantize`) and the accuracy budget `lamina quantize` holds it to by default.
+A recipe says which checkpoint scheme it writes (`weight_args`, and `input_activations` for W8A8), how it
+turns one weight matrix into integers and scales (`quantize`), what the runtime needs besides (LLM.int8()'s
+outlier threshold) and the accuracy budget `lamina quantize` holds it to by default.
 """
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
-from lamina.quant.config import WeightQuantArgs
+from lamina.quant.config import ActivationQuantArgs, WeightQuantArgs
 from lamina.quant.rtn import QuantizedWeight
 
 # method name -> module holding its RECIPE (imported on first use)
-_RECIPES = {"int8": "lamina.quant.int8", "rtn4": "lamina.quant.rtn4"}
+_RECIPES = {"int8": "lamina.quant.int8", "llm_int8": "lamina.quant.llm_int8", "w8a8": "lamina.quant.w8a8_int8",
+            "fp8": "lamina.quant.fp8", "rtn4": "lamina.quant.rtn4"}
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,8 @@ class Recipe:
     max_ppl_increase: float  # default budget: relative perplexity increase, 0.01 = +1 %
     max_kl: float  # default budget: mean KL(unquantized || quantized) per token, nats
     uses_group_size: bool = False
+    input_activations: ActivationQuantArgs | None = None  # W8A8: how inputs are quantized at run time
+    llm_int8_threshold: float | None = None  # LLM.int8(): written as lamina's marker (compressed_tensors.py)
 
 
 def method_names() -> list[str]:

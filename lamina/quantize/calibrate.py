@@ -1,4 +1,4 @@
-"""Calibrated quantization (GPTQ, AWQ) of a whole model, decoder layer by decoder layer.
+"""Calibrated quantization (GPTQ, AWQ, SmoothQuant) of a whole model, decoder layer by decoder layer.
 
     load MODEL in float32 (lamina's own model, CPU)
     for each decoder layer L, in order (lamina/quantize/layerwise.py):
@@ -35,6 +35,7 @@ LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.do
 class CalibrationOptions:
     scale_dtype: torch.dtype  # the checkpoint's dtype: scales are stored (and rounded) in it
     act_order: bool = False  # GPTQ only
+    alpha: float = 0.5  # SmoothQuant's migration strength
 
 
 @dataclass

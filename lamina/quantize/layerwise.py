@@ -26,16 +26,18 @@ MAX_BATCH_TOKENS = 8192
 
 
 class InputStats:
-    """What a calibration method keeps of one linear layer's inputs x [tokens, in_features]: the mean |x| of
-    each input channel, optionally sum x xᵀ (GPTQ's Hessian) and about `max_samples` tokens drawn at random
-    (AWQ's searches). Random, not every k-th token: a stride that divides the sequence length keeps the same
-    positions of every sequence, and position 0 (an attention sink, with outsized activations) then took a
-    quarter of AWQ's clipping tokens at 128 sequences and made the demo model worse the more data it saw."""
+    """What a calibration method keeps of one linear layer's inputs x [tokens, in_features]: the mean and max |x|
+    of each input channel (SmoothQuant's max), optionally sum x xᵀ (GPTQ's Hessian) and about `max_samples`
+    tokens drawn at random (AWQ's searches). Random, not every k-th token: a stride that divides the sequence
+    length keeps the same positions of every sequence, and position 0 (an attention sink, with outsized
+    activations) then took a quarter of AWQ's clipping tokens at 128 sequences and made the demo model worse
+    the more data it saw."""
 
     def __init__(self, in_features: int, hessian: bool = False, max_samples: int = 0, total_tokens: int = 0,
                  seed: int = 0) -> None:
         self.count = 0
         self.abs_sum = torch.zeros(in_features, dtype=torch.float64)
+        self.abs_max = torch.zeros(in_features)
         self.xtx = torch.zeros(in_features, in_features, dtype=torch.float64) if hessian else None
         self.rate = min(1.0, max_samples / total_tokens) if max_samples and total_tokens else 0.0
         self._generator = torch.Generator().manual_seed(seed)
@@ -44,6 +46,7 @@ class InputStats:
     def add(self, x: torch.Tensor) -> None:
         x = x.reshape(-1, x.shape[-1]).float()
         self.abs_sum += x.abs().sum(0).double()
+        self.abs_max = torch.maximum(self.abs_max, x.abs().amax(0))
         if self.xtx is not None:
             self.xtx += (x.t() @ x).double()
         if self.rate:

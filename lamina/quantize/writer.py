@@ -114,7 +114,7 @@ def quantize_checkpoint(model_dir: str, output_dir: str, recipe: Recipe, group_s
     if arch.raw.get("quantization_config"):
         raise ValueError(f"model: {model_dir!r} is already quantized (its config.json has a quantization_config)")
     args = recipe.weight_args(group_size)
-    config = QuantConfig(QUANT_METHOD, (QuantScheme(("Linear",), args),), tuple(ignore))
+    config = QuantConfig(QUANT_METHOD, (QuantScheme(("Linear",), args, recipe.input_activations),), tuple(ignore))
     targets = _targets(_checkpoint_names(model_dir), config, arch.tie_word_embeddings)
     tensors: dict[str, torch.Tensor] = {}
     before = 0
@@ -136,7 +136,7 @@ def quantize_checkpoint(model_dir: str, output_dir: str, recipe: Recipe, group_s
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / WEIGHT_FILE), metadata={"format": "pt"})
     _copy_side_files(Path(model_dir), out)
-    quantization_config = config_dict(args, list(ignore))
+    quantization_config = config_dict(args, list(ignore), recipe.input_activations, recipe.llm_int8_threshold)
     if calibrated is not None and calibrated.actorder:
         quantization_config["config_groups"]["group_0"]["weights"]["actorder"] = calibrated.actorder
     raw = {**arch.raw, "quantization_config": quantization_config}

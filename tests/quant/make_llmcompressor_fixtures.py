@@ -1,4 +1,5 @@
-"""Regenerate tests/quant/data/llmcompressor/*: tiny Llama checkpoints quantized by llm-compressor itself.
+"""Regenerate tests/quant/data/llmcompressor/*: tiny Llama checkpoints quantized by llm-compressor itself
+(W4A16 GPTQ and RTN, W8A16, W8A8 int8 with SmoothQuant, FP8_DYNAMIC).
 
 They are committed so that the loader tests run without llm-compressor (a heavy install that pins its own
 compressed-tensors); test_llmcompressor.py checks them against transformers + compressed-tensors, and
@@ -25,6 +26,8 @@ FIXTURES = {
     "gptq_w4a16": ("gptq", "W4A16", ["lm_head"], True),  # symmetric int4, group 128, actorder static
     "rtn_w4a16_asym": ("rtn", "W4A16_ASYM", ["lm_head"], True),  # asymmetric int4 with zero points
     "rtn_w8a16_lm_head": ("rtn", "W8A16", [], False),  # int8, group 128, the LM head quantized too
+    "smoothquant_w8a8": ("smoothquant", "W8A8", ["lm_head"], True),  # int-quantized, norms smoothed (α 0.5)
+    "fp8_dynamic": ("rtn", "FP8_DYNAMIC", ["lm_head"], False),  # float-quantized, per-token fp8 activations
 }
 
 
@@ -49,6 +52,7 @@ def _calibration(tokenizer: object) -> object:
 def make(name: str, out: Path, work: Path) -> Path:
     from llmcompressor import oneshot
     from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
+    from llmcompressor.modifiers.transform import SmoothQuantModifier
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     kind, scheme, ignore, tie = FIXTURES[name]
@@ -59,6 +63,11 @@ def make(name: str, out: Path, work: Path) -> Path:
     if kind == "gptq":
         oneshot(model=model, processor=tokenizer, dataset=_calibration(tokenizer), num_calibration_samples=16,
                 max_seq_length=32, recipe=GPTQModifier(targets="Linear", scheme=scheme, ignore=ignore))
+    elif kind == "smoothquant":  # llm-compressor's W8A8 example: SmoothQuant, then round to nearest
+        recipe = [SmoothQuantModifier(smoothing_strength=0.5),
+                  QuantizationModifier(targets="Linear", scheme=scheme, ignore=ignore)]
+        oneshot(model=model, processor=tokenizer, dataset=_calibration(tokenizer), num_calibration_samples=16,
+                max_seq_length=32, recipe=recipe)
     else:
         oneshot(model=model, recipe=QuantizationModifier(targets="Linear", scheme=scheme, ignore=ignore))
     target = out / name

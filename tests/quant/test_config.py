@@ -34,14 +34,19 @@ def test_lamina_config_round_trips():
 
 @pytest.mark.parametrize("path,value,message", [
     ("quant_method", "gptq", r"quant_method: 'gptq' is not supported"),
-    ("config_groups.group_0.weights.type", "float", r"weights\.type: only 'int'"),
+    ("config_groups.group_0.weights.type", "mxfp", r"weights\.type: only 'int' and 'float'"),
+    ("config_groups.group_0.weights.type", "float", r"weights\.type: 'float' weights cannot be stored as 'pack"),
     ("config_groups.group_0.weights.num_bits", 3, r"weights\.num_bits: only \[4, 8\]"),
     ("config_groups.group_0.weights.strategy", "tensor", r"weights\.strategy: 'tensor' is not supported"),
     ("config_groups.group_0.weights.group_size", None, r"weights\.group_size: a positive integer"),
     ("config_groups.group_0.weights.actorder", "group", r"weights\.actorder: 'group' needs weight_g_idx"),
     ("config_groups.group_0.weights.dynamic", True, r"weights\.dynamic"),
-    ("config_groups.group_0.input_activations", {"num_bits": 8}, r"input_activations: activation quantization"),
-    ("config_groups.group_0.format", "float-quantized", r"format: 'float-quantized' is not supported"),
+    ("config_groups.group_0.input_activations", {"num_bits": 8}, r"input_activations: only dynamic, symmetric, "
+                                                                  r"per-token scales"),
+    ("config_groups.group_0.output_activations", {"num_bits": 8}, r"output_activations: output quantization"),
+    ("config_groups.group_0.format", "float-quantized", r"weights\.type: 'int' weights cannot be stored as 'float"),
+    ("config_groups.group_0.format", "int-quantized", r"'int-quantized' does not fit a scheme without input_act"),
+    ("config_groups.group_0.format", "marlin-24", r"format: 'marlin-24' is not supported"),
     ("config_groups.group_0.targets", [], r"targets: expected a non-empty list"),
     ("kv_cache_scheme", {"num_bits": 8}, r"kv_cache_scheme: not supported"),
     ("quantization_status", "frozen", r"quantization_status: only 'compressed'"),
