@@ -51,7 +51,7 @@ def default_config(m: int, n: int, k: int, group_size: int | None) -> WNA16GemmC
         while block_k > 16 and group_size % block_k:
             block_k //= 2
     num_warps = 8 if block_m * block_n >= 128 * 128 else 4
-    return WNA16GemmConfig(block_m, block_n, block_k, 8, num_warps, 3 if block_m <= 64 else 4)
+    return WNA16GemmConfig(block_m, block_n, block_k, 8, num_warps, 3)  # 3 x (16 + 32 KB) of SMEM at most
 
 
 @triton.jit
