@@ -16,7 +16,9 @@ so each weight word is read once, for every row of x, and turned into floats in 
 and one FADD per value (no int-to-float conversion, no shift): the field at bits [p, p + BITS) of a 16-bit half
 word, OR-ed into the mantissa of 2^23, is the float 2^23 + u * 2^p; minus 2^23 it is u * 2^p exactly, and x is
 pre-scaled by 2^-p (exact) once per tile for all BLOCK_N output rows. The high half word is one shift per word.
-Each (row, group) scale and zero point is loaded once per program.
+Each (row, group) scale and zero point is loaded once per program. Two ways to pair values with x (the config's
+`join`, both swept by lamina/bench/quant_speed.py): "join" unpacks a 4-D [BLOCK_N, GROUPS, GROUP_W, PACK] tile
+and multiplies the x tile as loaded; "split" keeps 3-D tiles, one per value j, and splits x's columns apart.
 
 Grid (cdiv(N, BLOCK_N),): a program owns BLOCK_N output rows and walks K in tiles of BLOCK_KW words, a tile
 being GROUPS sub-groups of GROUP_W words, each inside one quantization group (GROUP_W: a power of two dividing
@@ -38,7 +40,7 @@ NAIVE_INT8_XOR = -0x7F7F7F80  # 0x80808080 as int32: flips each byte's sign bit,
 CHANNEL_GROUP = 1 << 30  # the group size passed for strategy "channel": every K index is in group 0
 INTERPRETER_SMS = 132
 PROGRAMS_PER_SM = 4
-_TILE_WORDS = 512  # words per program tile: 2 KB in flight, 4 words (one 16-byte load) per thread at 4 warps
+_TILE_WORDS = 1024  # words per program tile: 4 KB in flight, 4 words (one 16-byte load) per thread at 8 warps
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class WNA16GemvConfig:
     block_kw: int  # int32 words of K per tile (power of two)
     num_warps: int = 4
     num_stages: int = 1
+    join: bool = True  # True: the 4-D unpack (_row_join); False: x split per value (_row)
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_kw", "num_warps"):
@@ -55,12 +58,15 @@ class WNA16GemvConfig:
 
     @property
     def name(self) -> str:
-        return f"n{self.block_n}-kw{self.block_kw}-w{self.num_warps}-p{self.num_stages}"
+        variant = "join" if self.join else "split"
+        return f"n{self.block_n}-kw{self.block_kw}-w{self.num_warps}-p{self.num_stages}-{variant}"
 
 
 CANDIDATE_CONFIGS = [WNA16GemvConfig(1, 256, 2), WNA16GemvConfig(1, 512, 4), WNA16GemvConfig(1, 1024, 8),
                      WNA16GemvConfig(2, 256, 4), WNA16GemvConfig(2, 512, 8), WNA16GemvConfig(4, 128, 4),
-                     WNA16GemvConfig(1, 512, 2), WNA16GemvConfig(1, 256, 4, 2)]
+                     WNA16GemvConfig(4, 512, 8), WNA16GemvConfig(1, 256, 4, 2),
+                     WNA16GemvConfig(1, 512, 4, join=False), WNA16GemvConfig(2, 512, 8, join=False),
+                     WNA16GemvConfig(4, 128, 4, join=False)]
 
 
 @functools.cache
@@ -139,6 +145,33 @@ def _row(acc, x_row_ptr, words_idx, K, s, z, v0, v1, v2, v3, v4, v5, v6, v7, BIT
 
 
 @triton.jit
+def _unpack_join(w, BITS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, GROUP_W: tl.constexpr):
+    """[BLOCK_N, GROUPS, GROUP_W] words -> [.., 32 / BITS] floats u_j * 2^shift_j, value j of a word in bits
+    [16h + BITS j', ..), j = h * HALF + j': the two half words joined, each AND-OR-ed with HALF masks."""
+    HALF: tl.constexpr = 16 // BITS
+    masks = ((1 << BITS) - 1) << (tl.arange(0, HALF) * BITS)
+    both = tl.join(w, w >> 16)  # [BLOCK_N, GROUPS, GROUP_W, 2]
+    fields = (both[:, :, :, :, None] & masks[None, None, None, None, :]) | 0x4B000000
+    return tl.reshape(fields, (BLOCK_N, GROUPS, GROUP_W, 2 * HALF)).to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
+def _row_join(acc, x_row_ptr, words_idx, K, s, z, v, BITS: tl.constexpr, EVEN_K: tl.constexpr):
+    """_row for the 4-D v of _unpack_join: x loaded as [GROUPS, GROUP_W, PACK] and scaled by 2^-shift_j."""
+    PACK: tl.constexpr = 32 // BITS
+    j = tl.arange(0, PACK)
+    offs = words_idx[:, :, None] * PACK + j[None, None, :]
+    if EVEN_K:
+        x = tl.load(x_row_ptr + offs).to(tl.float32)
+    else:
+        x = tl.load(x_row_ptr + offs, mask=offs < K, other=0.0).to(tl.float32)
+    xsum = tl.sum(tl.sum(x, axis=2), axis=1)
+    pow2 = ((127 - BITS * (j % (16 // BITS))) << 23).to(tl.float32, bitcast=True)  # 2^-shift_j, exact
+    part = tl.sum(tl.sum(v * (x * pow2[None, None, :])[None], axis=3), axis=2)
+    return acc + tl.sum(s * (part - z * xsum[None, :]), axis=1)
+
+
+@triton.jit
 def _store_row(acc, m: tl.constexpr, rows, row_mask, b_ptr, out_ptr, stride_om, HAS_BIAS: tl.constexpr):
     if HAS_BIAS:
         acc += tl.load(b_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
@@ -150,7 +183,7 @@ def _wna16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, N, K, KW, gro
                        stride_xm, stride_wn, stride_sn, stride_zn, stride_om,
                        M: tl.constexpr, BITS: tl.constexpr, XOR: tl.constexpr, HAS_ZERO: tl.constexpr,
                        HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
-                       GROUPS: tl.constexpr, GROUP_W: tl.constexpr):
+                       GROUPS: tl.constexpr, GROUP_W: tl.constexpr, JOIN: tl.constexpr):
     PACK: tl.constexpr = 32 // BITS
     OFFSET: tl.constexpr = 1 << (BITS - 1)
     BLOCK_KW: tl.constexpr = GROUPS * GROUP_W
@@ -173,7 +206,9 @@ def _wna16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, N, K, KW, gro
         if XOR != 0:
             w = w ^ XOR
         hi = w >> 16
-        if BITS == 4:
+        if JOIN:
+            vj = _unpack_join(w, BITS, BLOCK_N, GROUPS, GROUP_W)
+        elif BITS == 4:
             v0, v1, v2, v3 = _field(w, 0, 4), _field(w, 4, 4), _field(w, 8, 4), _field(w, 12, 4)
             v4, v5, v6, v7 = _field(hi, 0, 4), _field(hi, 4, 4), _field(hi, 8, 4), _field(hi, 12, 4)
         else:
@@ -187,16 +222,25 @@ def _wna16_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, N, K, KW, gro
             z = tl.load(z_ptr + rows_c[:, None] * stride_zn + g_idx, mask=g_mask, other=0).to(tl.float32) + OFFSET
         else:
             z = tl.full([BLOCK_N, GROUPS], OFFSET, dtype=tl.float32)
-        acc0 = _row(acc0, x_ptr, words_idx, K, s, z, v0, v1, v2, v3, v4, v5, v6, v7, BITS, EVEN_K, GROUPS, GROUP_W)
-        if M > 1:
-            acc1 = _row(acc1, x_ptr + stride_xm, words_idx, K, s, z, v0, v1, v2, v3, v4, v5, v6, v7,
-                        BITS, EVEN_K, GROUPS, GROUP_W)
-        if M > 2:
-            acc2 = _row(acc2, x_ptr + 2 * stride_xm, words_idx, K, s, z, v0, v1, v2, v3, v4, v5, v6, v7,
-                        BITS, EVEN_K, GROUPS, GROUP_W)
-        if M > 3:
-            acc3 = _row(acc3, x_ptr + 3 * stride_xm, words_idx, K, s, z, v0, v1, v2, v3, v4, v5, v6, v7,
-                        BITS, EVEN_K, GROUPS, GROUP_W)
+        if JOIN:
+            acc0 = _row_join(acc0, x_ptr, words_idx, K, s, z, vj, BITS, EVEN_K)
+            if M > 1:
+                acc1 = _row_join(acc1, x_ptr + stride_xm, words_idx, K, s, z, vj, BITS, EVEN_K)
+            if M > 2:
+                acc2 = _row_join(acc2, x_ptr + 2 * stride_xm, words_idx, K, s, z, vj, BITS, EVEN_K)
+            if M > 3:
+                acc3 = _row_join(acc3, x_ptr + 3 * stride_xm, words_idx, K, s, z, vj, BITS, EVEN_K)
+        else:
+            acc0 = _row(acc0, x_ptr, words_idx, K, s, z, v0, v1, v2, v3, v4, v5, v6, v7, BITS, EVEN_K, GROUPS, GROUP_W)
+            if M > 1:
+                acc1 = _row(acc1, x_ptr + stride_xm, words_idx, K, s, z, v0, v1, v2, v3, v4, v5, v6, v7,
+                            BITS, EVEN_K, GROUPS, GROUP_W)
+            if M > 2:
+                acc2 = _row(acc2, x_ptr + 2 * stride_xm, words_idx, K, s, z, v0, v1, v2, v3, v4, v5, v6, v7,
+                            BITS, EVEN_K, GROUPS, GROUP_W)
+            if M > 3:
+                acc3 = _row(acc3, x_ptr + 3 * stride_xm, words_idx, K, s, z, v0, v1, v2, v3, v4, v5, v6, v7,
+                            BITS, EVEN_K, GROUPS, GROUP_W)
     _store_row(acc0, 0, rows, row_mask, b_ptr, out_ptr, stride_om, HAS_BIAS)
     if M > 1:
         _store_row(acc1, 1, rows, row_mask, b_ptr, out_ptr, stride_om, HAS_BIAS)
@@ -239,5 +283,5 @@ def wna16_gemv(x: torch.Tensor, words: torch.Tensor, scale: torch.Tensor, zero_p
         x.stride(0), words.stride(0), scale.stride(0), z.stride(0), out.stride(0),
         M=m, BITS=num_bits, XOR=xor, HAS_ZERO=zero_point is not None, HAS_BIAS=bias is not None,
         EVEN_K=k % (cfg.block_kw * 32 // num_bits) == 0, BLOCK_N=cfg.block_n, GROUPS=cfg.block_kw // gw,
-        GROUP_W=gw, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        GROUP_W=gw, JOIN=cfg.join, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out

@@ -86,6 +86,13 @@ def test_gemv_matches_reference(variant: tuple, m: int) -> None:
     assert_matches(run_gemv(o, bias=m % 2 == 1, config=WNA16GemvConfig(4, 8, 1)), reference(o, bias=m % 2 == 1))
 
 
+@pytest.mark.parametrize("variant", VARIANTS, ids=_ids)
+def test_gemv_split_variant(variant: tuple) -> None:
+    """The other inner loop (config.join False: x split per value), 3 rows, K tiles of 8 words."""
+    o = make_operands(*variant, m=3, n=N, k=256, seed=5)
+    assert_matches(run_gemv(o, config=WNA16GemvConfig(4, 8, 1, join=False)), reference(o))
+
+
 @pytest.mark.parametrize("bits", (4, 8))
 @pytest.mark.parametrize("k,group_size", [(200, None), (96, 24), (120, 40)])
 def test_gemv_k_tails_and_odd_groups(bits: int, k: int, group_size: int | None) -> None:
@@ -95,6 +102,7 @@ def test_gemv_k_tails_and_odd_groups(bits: int, k: int, group_size: int | None) 
         pytest.skip("a group of part of a word")
     o = make_operands(bits, group_size, False, m=3, n=N, k=k, seed=k)
     assert_matches(run_gemv(o, config=WNA16GemvConfig(2, 16, 2)), reference(o))
+    assert_matches(run_gemv(o, config=WNA16GemvConfig(2, 16, 2, join=False)), reference(o))
     assert_matches(run_gemv(o), reference(o))
 
 
@@ -139,13 +147,14 @@ def test_naive_int8_layout() -> None:
     assert NAIVE_INT8_XOR == wna16._NAIVE_INT8_XOR
 
 
-@pytest.mark.parametrize("kernel", ("gemv", "gemm"))
+@pytest.mark.parametrize("kernel", ("gemv", "gemv-split", "gemm"))
 @pytest.mark.parametrize("bits", (4, 8))
 def test_mutations_fail(kernel: str, bits: int) -> None:
     """A zero point off by one in one group, a wrong group index (group size doubled: the next group's scale),
     or the zero points ignored: each must fail the comparison the tests above pass."""
-    o = make_operands(bits, 32, False, m=3 if kernel == "gemv" else 20, n=N, k=256, seed=15)
-    run = run_gemv if kernel == "gemv" else run_gemm
+    o = make_operands(bits, 32, False, m=20 if kernel == "gemm" else 3, n=N, k=256, seed=15)
+    split = WNA16GemvConfig(4, 8, 1, join=False)
+    run = {"gemv": run_gemv, "gemm": run_gemm, "gemv-split": lambda o, **kw: run_gemv(o, config=split, **kw)}[kernel]
     ref = reference(o)
     assert_matches(run(o), ref)
     bumped = o["zero"].to(torch.int64)
