@@ -33,7 +33,7 @@ from lamina.engine.scheduler import Scheduler
 from lamina.engine.speculator import Speculator, make_policy
 from lamina.engine.stats import SchedulerStats, StepStats
 from lamina.executor.base import Executor, StepFuture
-from lamina.executor.uniproc import UniProcExecutor
+from lamina.executor.factory import make_executor
 from lamina.failures import MAX_FAILED_STEPS, EngineBrokenError, is_fatal
 from lamina.kv.kv_manager import KVCacheManager
 from lamina.loader.hf_config import load_generation_config, load_model_arch
@@ -52,6 +52,7 @@ class InflightStep:
     scheduled: SchedulerOutput
     requests: list[Request]  # the engine's requests of `scheduled`, in its order
     pending: StepFuture
+    launch_seconds: float  # spent handing it to the executor (computing it, on a CPU), in the step before
 
 
 class LLMEngine:
@@ -68,7 +69,7 @@ class LLMEngine:
             self.tokenizer = Tokenizer.from_pretrained(model_config.tokenizer or model_config.model)
         cache = config.cache_config
         self.device, self.dtype = device, resolve_dtype(model_config.dtype, self.arch, device)
-        self.executor: Executor = UniProcExecutor(config, self.arch)
+        self.executor: Executor = make_executor(config, self.arch)
         self.num_blocks = num_blocks = self.executor.determine_num_blocks()
         self.executor.initialize_cache(num_blocks)
         self.max_model_len = self.executor.max_model_len
@@ -150,6 +151,7 @@ class LLMEngine:
     def _step(self, start: float) -> list[RequestOutput]:
         self._current = []
         launched_ahead = self._inflight is not None
+        launch_seconds = ahead_seconds = 0.0
         if self._inflight is None:
             scheduled = self.scheduler.schedule()
             self._current = self._requests_of(scheduled)
@@ -162,26 +164,32 @@ class LLMEngine:
         else:
             inflight, self._inflight = self._inflight, None
             scheduled, self._current, pending = inflight.scheduled, inflight.requests, inflight.pending
+            launch_seconds = inflight.launch_seconds
         # A step runs ahead only without failed rows, and while nobody drafts: not after a step that verifies
         # drafts (Scheduler.schedule_ahead checks), nor when the speculator decides on the next one's drafts.
         if self.config.async_scheduling and not pending.failed and not (self.speculator and
                                                                          self.speculator.wants_sync()):
             ahead = self.scheduler.schedule_ahead(scheduled)
             if ahead is not None:
-                self._inflight = InflightStep(ahead, self._requests_of(ahead), self.executor.execute_model(ahead))
+                launched = time.perf_counter()
+                pending_ahead = self.executor.execute_model(ahead)
+                ahead_seconds = time.perf_counter() - launched
+                self._inflight = InflightStep(ahead, self._requests_of(ahead), pending_ahead, ahead_seconds)
         waited = time.perf_counter()
         result = pending.result()
         waited = time.perf_counter() - waited
         changed = self.scheduler.update_from_output(scheduled, result)
         changed += self._fail_siblings(changed)
         outputs = self.output_processor.process(changed, self._stop_string_found)
+        # The step's time: this call's, less the launch of the step after it, plus its own launch when that
+        # was in the call before (a CPU computes a step as it is launched, a GPU only queues it).
+        seconds = time.perf_counter() - start - ahead_seconds + launch_seconds
         if self.speculator is not None:
-            self.speculator.after_step(scheduled, result, self.scheduler.running, time.perf_counter() - start)
+            self.speculator.after_step(scheduled, result, self.scheduler.running, seconds)
         if self._inflight is not None and all(r.is_finished for r in self._inflight.requests):
             self._inflight = None  # nothing left in it to wait for (its device work is stream-ordered)
         if self.step_log is not None:
-            self.step_log.append(_step_stats(scheduled, launched_ahead, time.perf_counter() - start, waited,
-                                             result.num_compiles))
+            self.step_log.append(_step_stats(scheduled, launched_ahead, seconds, waited, result.num_compiles))
         return outputs
 
     def _step_failed(self, err: Exception) -> list[RequestOutput]:

@@ -71,7 +71,7 @@ class StepStats:
     kind: StepKind
     num_tokens: int  # scheduled this step
     num_rows: int  # requests in the step
-    seconds: float  # wall time of LLMEngine.step()
+    seconds: float  # wall time of its LLMEngine.step(), its launch counted there even when it was launched ahead
     device_wait_s: float  # of which the host waited for the step's tokens
     compiles: int = 0  # Triton kernels compiled while the step was launched (a mid-run compile stalls it)
 

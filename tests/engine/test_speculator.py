@@ -1,6 +1,8 @@
 """The engine's side of speculative decoding: the pause of the policy's decisions while nobody drafts."""
 from __future__ import annotations
 
+import time
+
 from lamina import LLM, SamplingParams
 from lamina.engine.speculator import MAX_REST, Rest
 from tests.helpers.tiny_models import make_tiny_model
@@ -91,4 +93,36 @@ def test_steps_without_a_match_do_not_pause_a_policy_that_lets_requests_draft(tm
     stats = engine.get_stats()
     assert stats.spec.num_drafts >= 6 and stats.spec.acceptance_rate == 1.0
     assert stats.spec.policy_off_steps == 0 and stats.spec.policy_steps >= 0.9 * (stats.num_steps - 1)
+    engine.check_integrity()
+
+
+def test_a_step_launched_ahead_is_charged_for_its_launch(tmp_path) -> None:
+    """A CPU computes a step while launching it; a step launched ahead is launched during the call before its
+    own. The time the policy's cost model gets for a step (and step_log's) must include its launch, wherever
+    it happened, and not the launch of the next step. Regression: the decision step after each pause had been
+    launched ahead, so its cost sample was its own call's ~20 us, and the n-gram policy judged plain decode
+    steps free and never drafted (0 verify steps at batch 1 on the demo model, CPU and H200)."""
+    model = make_tiny_model("llama", tmp_path / "m", vocab_size=320)
+    llm = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    engine, launches = llm.engine, {}
+    execute_model = engine.executor.execute_model
+
+    def timed(scheduled):  # noqa: ANN001, ANN202
+        start = time.perf_counter()
+        pending = execute_model(scheduled)
+        launches[id(scheduled)] = time.perf_counter() - start
+        return pending
+
+    engine.executor.execute_model = timed
+    observed: list[tuple[float, float]] = []  # (launch seconds, seconds the policy got)
+    observe = engine.speculator.policy.observe_scheduled
+    engine.speculator.policy.observe_scheduled = lambda scheduled, seconds: (
+        observed.append((launches[id(scheduled)], seconds)), observe(scheduled, seconds))
+    engine.step_log = []
+    llm.generate([{"prompt_token_ids": [5, 6, 7, 8]}], SamplingParams(temperature=0, max_tokens=80, ignore_eos=True),
+                 use_tqdm=False)
+    assert "decode ahead" in [step.kind for step in engine.step_log] and len(observed) >= 5
+    assert all(seconds >= launch for launch, seconds in observed)
+    assert all(step.seconds >= step.device_wait_s for step in engine.step_log)
     engine.check_integrity()
