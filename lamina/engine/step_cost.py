@@ -2,6 +2,7 @@
 measured steps (the adaptive speculation policy's cost, lamina/engine/spec_policy.py)."""
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from collections.abc import Iterable
@@ -48,6 +49,7 @@ class StepCostModel:
         self._buckets: dict[int, deque[tuple[int, float]]] = {}
         self._points: dict[int, tuple[float, float, int]] = {}  # bucket -> (tokens, seconds, steps), when clean
         self._curve: tuple[np.ndarray, np.ndarray] | None = None
+        self._scalar: tuple[list[float], list[float], float] | None = None  # the curve as lists, and its slope
 
     def observe(self, num_tokens: int, seconds: float) -> None:
         if num_tokens <= 0 or not math.isfinite(seconds) or seconds <= 0:
@@ -55,7 +57,7 @@ class StepCostModel:
         bucket = _bucket(num_tokens)
         self._buckets.setdefault(bucket, deque(maxlen=self.window)).append((num_tokens, seconds))
         self._points.pop(bucket, None)
-        self._curve = None
+        self._curve = self._scalar = None
 
     def seed(self, points: Iterable[tuple[int, float]]) -> None:
         """Steps timed at start-up, (tokens, seconds): each counts as `min_samples` measured steps."""
@@ -80,9 +82,15 @@ class StepCostModel:
             self._curve = _fit(points)
         return self._curve
 
-    def cost(self, num_tokens: int | np.ndarray) -> np.ndarray:
-        """Estimated seconds of a step of `num_tokens` tokens (elementwise)."""
-        return _evaluate(*self.points(), num_tokens)
+    def cost(self, num_tokens: int | np.ndarray) -> np.ndarray | float:
+        """Estimated seconds of a step of `num_tokens` tokens (elementwise; a float for an int, without numpy:
+        the policy asks a few scalars every step, at ~25 us each through numpy)."""
+        if not isinstance(num_tokens, (int, np.integer)):
+            return _evaluate(*self.points(), num_tokens)
+        xs, ys = self.points()
+        if self._scalar is None:
+            self._scalar = (xs.tolist(), ys.tolist(), float(_evaluate(xs, ys, xs[-1] + 1) - ys[-1]) if len(xs) else 0.)
+        return _evaluate_one(*self._scalar, int(num_tokens))
 
 
 def _fit(points: list[tuple[float, float, int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -102,3 +110,16 @@ def _evaluate(xs: np.ndarray, ys: np.ndarray, num_tokens: int | np.ndarray) -> n
     slope = (ys[-1] - ys[anchor]) / (xs[-1] - xs[anchor]) if anchor < len(xs) - 1 else 0.0
     slope = min(max(slope, 0.0), ys[-1] / xs[-1])
     return np.where(tokens > xs[-1], ys[-1] + slope * (tokens - xs[-1]), out)
+
+
+def _evaluate_one(xs: list[float], ys: list[float], slope: float, tokens: int) -> float:
+    """_evaluate at one count, on the curve as lists (slope: its extension above the last point)."""
+    if not xs:
+        return 1.0
+    if tokens <= xs[0]:
+        return ys[0] * tokens / xs[0]
+    if tokens >= xs[-1]:
+        return ys[-1] + slope * (tokens - xs[-1])
+    i = bisect.bisect_right(xs, tokens)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
