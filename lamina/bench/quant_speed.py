@@ -113,7 +113,9 @@ def kernel_shape(name: str, n: int, k: int, device: str, args: argparse.Namespac
     x = torch.randn(1, k, device=device, generator=gen).to(torch.bfloat16)
     default = default_config(n, k, 4, num_sms(torch.device(device)))
     sweep = {}
-    for cfg in dict.fromkeys([default, *(CANDIDATE_CONFIGS if not (args.tiny or args.no_sweep) else [])]):
+    late = time.monotonic() > args.deadline  # past the time budget: the default config and no GEMM
+    candidates = [] if args.tiny or args.no_sweep or late else CANDIDATE_CONFIGS
+    for cfg in dict.fromkeys([default, *candidates]):
         try:
             ok = _close(q_call(wna16_gemv, x, quant["int4"][0], config=cfg), reference(x, quant["int4"][0], k))
             sweep[cfg.name] = dict(ok=ok, us=_time([lambda op=op, c=cfg: q_call(wna16_gemv, x, op, config=c)
@@ -124,7 +126,7 @@ def kernel_shape(name: str, n: int, k: int, device: str, args: argparse.Namespac
     best = min(good, key=lambda c: good[c]["us"]) if good else None
     row["int4_configs"] = dict(default=default.name, best=best, results=sweep)
     row["gemm"] = {}
-    for m in args.gemm_rows:
+    for m in () if late else args.gemm_rows:
         x = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)
         ok = _close(q_call(wna16_gemm, x, quant["int4"][0]), reference(x, quant["int4"][0], k))
         row["gemm"][m] = dict(ok=ok, cublas_us=_time([lambda w=w: F.linear(x, w) for w in order[:4]], device, args),
@@ -218,10 +220,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--skip-kernels", action="store_true")
     parser.add_argument("--skip-engine", action="store_true")
     parser.add_argument("--no-sweep", action="store_true", help="kernels: the int4 GEMV's default config only")
+    parser.add_argument("--budget-s", type=float, default=300.0,
+                        help="past this many seconds, the remaining shapes skip the config sweep and the GEMM")
     parser.add_argument("--new-tokens", type=int, default=256, help="engine: greedy tokens per timed request")
     parser.add_argument("--warmup-ms", type=int, default=5)
     parser.add_argument("--rep-ms", type=int, default=25)
     args = parser.parse_args(argv)
+    args.deadline = time.monotonic() + args.budget_s
     args.rows, args.gemm_rows, args.shapes = (1, 2, 3, 4), GEMM_ROWS, SHAPES
     args.shape, args.dtype, args.device, args.kv_bytes = "llama3-8b", "bfloat16", "cuda", 2 << 30
     args.prompt_len, args.max_model_len, args.group_size = 128, 2048, 128
