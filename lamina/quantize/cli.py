@@ -189,11 +189,13 @@ def run_quantize(args: argparse.Namespace) -> int:
         result = evaluate(str(staging), windows, args.model, args.device)
         reference = _reference(args, reference_dir, calibrated.baseline, group_size, windows) if calibrated else None
         reference_name = calibrated.baseline if calibrated else None
-        print(table(result, recipe.name, limits, reference, reference_name))
+        must_beat = bool(calibrated and calibrated.must_beat)  # smoothquant shows w8a8 without having to beat it
+        print(table(result, recipe.name, limits, reference, reference_name, must_beat=must_beat))
         failures = over_budget(result, limits["ppl"], limits["kl"])
-        if reference is not None and calibrated.must_beat:
+        if reference is not None and must_beat:
             failures += not_better(result, reference, recipe.name, reference_name)
-        extra = _calibration_summary(args, sequences, notes, reference, reference_name) if calibrated else {}
+        extra = (_calibration_summary(args, sequences, notes, reference, reference_name, must_beat)
+                 if calibrated else {})
         _write_summary(staging, args, recipe, done, result, limits, failures, time.perf_counter() - start, extra)
         if failures and not args.force:
             print(f"lamina quantize: {'; '.join(failures)}: nothing written (--force writes it anyway)",
@@ -211,19 +213,20 @@ def run_quantize(args: argparse.Namespace) -> int:
 
 
 def _calibration_summary(args: argparse.Namespace, sequences: list[list[int]] | None, notes: dict[str, str],
-                         reference: Any, reference_name: str | None) -> dict[str, Any]:
+                         reference: Any, reference_name: str | None, must_beat: bool) -> dict[str, Any]:
     assert sequences is not None
     return {"calibration": {"text": args.calib or "lamina/quantize/data/calib_python.jsonl",
                             "sequences": len(sequences), "tokens": sum(map(len, sequences)),
                             "act_order": args.act_order, "alpha": args.alpha, "layers": notes},
-            "reference": {"method": reference_name, **asdict(reference), "ppl_increase": reference.ppl_increase}}
+            "reference": {"method": reference_name, **asdict(reference), "ppl_increase": reference.ppl_increase,
+                          "must_beat": must_beat}}
 
 
 def _write_summary(directory: Path, args: argparse.Namespace, recipe: Any, done: Any, result: Any,
                    budgets: dict[str, float], failures: list[str], eval_seconds: float,
                    extra: dict[str, Any]) -> None:
     limits = {"max_ppl_increase": budgets["ppl"], "max_kl": budgets["kl"]}
-    if "reference" in extra:
+    if extra.get("reference", {}).get("must_beat"):
         limits["better_than"] = extra["reference"]["method"]
     summary = {
         "lamina_version": __version__, "model": str(args.model), "method": recipe.name,

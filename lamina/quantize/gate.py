@@ -48,7 +48,7 @@ def _ppl_budget(budgets: dict[str, float], reference_name: str | None) -> str:
 
 
 def table(result: EvalResult, name: str, budgets: dict[str, float] | None = None,
-          reference: EvalResult | None = None, reference_name: str | None = None) -> str:
+          reference: EvalResult | None = None, reference_name: str | None = None, must_beat: bool = True) -> str:
     """The results as a small text table (budgets: {"ppl": relative, "kl": nats}); with `reference`, a column
     for the reference method and the perplexity budget that says the result must beat it."""
     budgets = budgets or {}
@@ -62,7 +62,8 @@ def table(result: EvalResult, name: str, budgets: dict[str, float] | None = None
                  "top1": lambda r: f"{100 * r.top1_agreement:.2f} %"}
         refs = {key: ((cell(reference),) if ref else ()) for key, cell in cells.items()}
         rows.append(("perplexity", f"{result.baseline_perplexity:.4f}", *refs["ppl"], cells["ppl"](result),
-                     f"{100 * result.ppl_increase:+.2f} %", _ppl_budget(budgets, reference_name if ref else None)))
+                     f"{100 * result.ppl_increase:+.2f} %",
+                     _ppl_budget(budgets, reference_name if ref and must_beat else None)))
         rows.append(("KL (nats/token)", "0", *refs["kl"], cells["kl"](result), "-",
                      f"{budgets['kl']:g}" if "kl" in budgets else "-"))
         rows.append(("top-1 agreement", "100 %", *refs["top1"], cells["top1"](result), "-", "-"))

