@@ -14,6 +14,10 @@
 #         w1-sweep       lamina.bench.w1_sweep (defaults vs a max_num_seqs x budget grid; greedy, top-p)
 #         w4-sweep       lamina.bench.w4_sweep (lamina serve per scheduler setting, bench serve at 8, 32, inf req/s)
 #         startup        lamina.bench.startup, cold (empty Triton cache) then warm, Qwen3-0.6B and Llama-3-8B
+#         quant-speed    lamina.bench.quant_speed (W4A16 / W8A16 kernels and 8B-shape decode vs bf16, issue #13)
+#         spec-ngram     lamina.bench.spec, n-gram adaptive vs k fixed vs off (issue #12)
+#         spec           lamina.bench.spec, every method (issue #12)
+#         quant-w8a8     scripts/quant_w8a8_gpu_check.py (int8 / fp8 GEMMs, W8A8 layers and demo models vs reference)
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -57,6 +61,12 @@ for step in "$@"; do
                         --shape "$shape" --result-file "$OUT/startup-$shape-$kind.json"
                 done
             done ;;
+        quant-speed) run quant-speed python -m lamina.bench.quant_speed ;;
+        spec-ngram) run spec-ngram python -m lamina.bench.spec --methods ngram,ngram-fixed --new-tokens 256 \
+                        --batch-sizes 1,8,128 --repeats 2 --result-file "$OUT/spec-ngram.json" ;;
+        spec) run spec python -m lamina.bench.spec --methods ngram,ngram-fixed,draft_model,eagle,medusa,early_exit \
+                  --new-tokens 256 --batch-sizes 1,8,32,128 --repeats 3 --result-file "$OUT/spec.json" ;;
+        quant-w8a8) run quant-w8a8 python scripts/quant_w8a8_gpu_check.py --result-file "$OUT/quant-w8a8.json" ;;
         *) echo "unknown step: $step"; status=2 ;;
     esac
 done
