@@ -87,10 +87,11 @@ def test_gemv_matches_reference(variant: tuple, m: int) -> None:
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=_ids)
-def test_gemv_split_variant(variant: tuple) -> None:
-    """The other inner loop (config.join False: x split per value), 3 rows, K tiles of 8 words."""
+def test_gemv_default_and_wide_tiles(variant: tuple) -> None:
+    """3 rows: the default config, and one row per program in 32-word tiles (int8: two of them)."""
     o = make_operands(*variant, m=3, n=N, k=256, seed=5)
-    assert_matches(run_gemv(o, config=WNA16GemvConfig(4, 8, 1, join=False)), reference(o))
+    assert_matches(run_gemv(o), reference(o))
+    assert_matches(run_gemv(o, config=WNA16GemvConfig(1, 32, 2)), reference(o))
 
 
 @pytest.mark.parametrize("bits", (4, 8))
@@ -102,7 +103,7 @@ def test_gemv_k_tails_and_odd_groups(bits: int, k: int, group_size: int | None) 
         pytest.skip("a group of part of a word")
     o = make_operands(bits, group_size, False, m=3, n=N, k=k, seed=k)
     assert_matches(run_gemv(o, config=WNA16GemvConfig(2, 16, 2)), reference(o))
-    assert_matches(run_gemv(o, config=WNA16GemvConfig(2, 16, 2, join=False)), reference(o))
+    assert_matches(run_gemv(o, config=WNA16GemvConfig(1, 8, 1)), reference(o))
     assert_matches(run_gemv(o), reference(o))
 
 
@@ -147,14 +148,14 @@ def test_naive_int8_layout() -> None:
     assert NAIVE_INT8_XOR == wna16._NAIVE_INT8_XOR
 
 
-@pytest.mark.parametrize("kernel", ("gemv", "gemv-split", "gemm"))
+@pytest.mark.parametrize("kernel", ("gemv", "gemv-tiles", "gemm"))
 @pytest.mark.parametrize("bits", (4, 8))
 def test_mutations_fail(kernel: str, bits: int) -> None:
     """A zero point off by one in one group, a wrong group index (group size doubled: the next group's scale),
     or the zero points ignored: each must fail the comparison the tests above pass."""
     o = make_operands(bits, 32, False, m=20 if kernel == "gemm" else 3, n=N, k=256, seed=15)
-    split = WNA16GemvConfig(4, 8, 1, join=False)
-    run = {"gemv": run_gemv, "gemm": run_gemm, "gemv-split": lambda o, **kw: run_gemv(o, config=split, **kw)}[kernel]
+    tiles = WNA16GemvConfig(4, 8, 1)
+    run = {"gemv": run_gemv, "gemm": run_gemm, "gemv-tiles": lambda o, **kw: run_gemv(o, config=tiles, **kw)}[kernel]
     ref = reference(o)
     assert_matches(run(o), ref)
     bumped = o["zero"].to(torch.int64)
@@ -173,12 +174,14 @@ def test_configs() -> None:
         WNA16GemvConfig(3, 64)
     for n, k in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]:
         for bits in (4, 8):
-            c = default_config(n, k, bits)
-            kw = k * bits // 32
-            assert kw % c.block_kw == 0 and c.block_kw <= 1024, (n, k, bits, c)
-            assert (n + c.block_n - 1) // c.block_n >= 132 * 4, (n, k, bits, c)
-            assert group_words(bits, 128, c.block_kw) == min(c.block_kw, 128 * bits // 32)
-    assert group_words(4, None, 64) == 64 and group_words(4, 24, 64) == 1
+            for m in range(1, MAX_M + 1):
+                c = default_config(n, k, bits, 132, m)
+                kw = k * bits // 32
+                assert kw % c.block_kw == 0 and c.block_kw <= 1024, (n, k, bits, c)
+                assert (n + c.block_n - 1) // c.block_n >= 132 * 4, (n, k, bits, c)
+                assert c.block_n * c.block_kw // (32 * c.num_warps) <= (32 if m == 1 else 16), (m, c)  # no spills
+            assert group_words(bits, 128, c.block_kw) == 4
+    assert group_words(4, None, 64) == 4 and group_words(4, 24, 64) == 1 and group_words(4, 64, 2) == 2
     with pytest.raises(ValueError, match="multiple of 8"):
         group_words(4, 12, 64)
 
