@@ -42,6 +42,7 @@ _HELP = {
     "enforce_eager": "never capture CUDA graphs (decode batches are captured on CUDA with the triton backend)",
     "cuda_graph_max_batch_size": "largest decode batch captured as a CUDA graph",
     "async_scheduling": "launch the next decode step while the host processes the current one's tokens",
+    "tensor_parallel_size": "split the model over this many processes, one per GPU (CPU: gloo); docs/distributed.md",
     "speculative_config": 'speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\'',
     "temperature": "0 = greedy",
     "top_k": "0 or -1 = off",

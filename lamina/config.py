@@ -182,9 +182,14 @@ class EngineConfig:
     async_scheduling: bool = True
     # None: off; a SpeculativeConfig, or its fields as a dict or JSON string (vLLM's speculative_config)
     speculative_config: SpeculativeConfig | None = None
+    # Tensor parallelism (vLLM's name): the model split over this many ranks, one process per device
+    # (lamina/executor/multiproc.py, docs/distributed.md); 1: one process, no torch.distributed
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         _require(self.device in DEVICES, "device", f"must be one of {DEVICES}, got {self.device!r}")
+        _require(_is_int(self.tensor_parallel_size) and self.tensor_parallel_size >= 1, "tensor_parallel_size",
+                 f"must be an integer >= 1, got {self.tensor_parallel_size!r}")
         _require(self.attention_backend in ATTENTION_BACKENDS, "attention_backend",
                  f"must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         _require(isinstance(self.enforce_eager, bool), "enforce_eager",

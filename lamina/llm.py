@@ -21,6 +21,7 @@ class LLM:
 
         llm = LLM(model="path/to/model")
         llm = LLM(model="path/to/config.json", load_format="dummy", skip_tokenizer_init=True)  # random weights
+        llm = LLM(model="path/to/model", tensor_parallel_size=2)  # split over 2 GPUs (docs/distributed.md)
         outputs = llm.generate(["def fib(n):"], SamplingParams(max_tokens=32, temperature=0))
     """
 
@@ -30,6 +31,17 @@ class LLM:
         listing the allowed ones. max_num_seqs / max_num_batched_tokens None: chosen for the device and
         `usage` ("offline", or "serve" for the server), logged at start-up (lamina/engine/defaults.py)."""
         self.engine = LLMEngine(engine_config(model=model, **engine_args), usage=usage)
+
+    def shutdown(self) -> None:
+        """Stop the engine's worker processes (tensor_parallel_size > 1) and leave torch.distributed; idempotent.
+        Without it they stop when this process exits."""
+        self.engine.executor.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
 
     def get_tokenizer(self) -> Tokenizer | None:
         return self.engine.tokenizer

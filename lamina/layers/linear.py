@@ -21,12 +21,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from lamina.config import KernelChoice
+from lamina.distributed.communication import all_reduce
+from lamina.distributed.parallel_state import current_group
 from lamina.layers.dispatch import DEFAULT_KERNELS, gemv_for
 
 
 def tensor_parallel_rank_and_size() -> tuple[int, int]:
-    """(rank, world size) of the tensor-parallel group; one process until lamina.distributed lands."""
-    return 0, 1
+    """(rank, world size) of the tensor-parallel group the model is being built for
+    (lamina.distributed.parallel_state.building; (0, 1) outside it)."""
+    group = current_group()
+    return group.rank, group.size
 
 
 def set_weight_attrs(param: nn.Parameter, attrs: dict[str, Any]) -> None:
@@ -35,10 +39,15 @@ def set_weight_attrs(param: nn.Parameter, attrs: dict[str, Any]) -> None:
 
 
 def copy_checked(param: torch.Tensor, loaded: torch.Tensor, what: str) -> None:
-    """Copy `loaded` into `param` (casting dtype), refusing a shape mismatch with a clear message."""
+    """Copy `loaded` into `param` (casting dtype), refusing a shape mismatch with a clear message.
+
+    `loaded` may also be a lazy checkpoint slice (lamina.loader.weights.LazySlice: `shape`, `narrow`,
+    `materialize`): under tensor parallelism a rank reads only its own part of the file, here."""
     if param.shape != loaded.shape:
         raise ValueError(f"{what}: checkpoint tensor has shape {tuple(loaded.shape)}, "
                          f"the model expects {tuple(param.shape)}")
+    if not isinstance(loaded, torch.Tensor):
+        loaded = loaded.materialize()
     with torch.no_grad():
         param.copy_(loaded)
 
@@ -92,7 +101,8 @@ class LinearBase(nn.Module):
                  quant_method: QuantMethod | None = None, params_dtype: torch.dtype | None = None,
                  kernels: KernelChoice = DEFAULT_KERNELS) -> None:
         super().__init__()
-        self.tp_rank, self.tp_size = tensor_parallel_rank_and_size()
+        self.tp_group = current_group()
+        self.tp_rank, self.tp_size = self.tp_group.rank, self.tp_group.size
         self.kernels = kernels
         self.input_size = input_size
         self.output_sizes = output_sizes
@@ -185,6 +195,9 @@ class QKVParallelLinear(ColumnParallelLinear):
         if num_heads % tp_size:
             raise ValueError(f"num_attention_heads {num_heads} is not divisible by "
                              f"tensor_parallel_size {tp_size}")
+        if num_kv_heads % tp_size and tp_size % num_kv_heads:
+            raise ValueError(f"num_key_value_heads {num_kv_heads} and tensor_parallel_size {tp_size}: one must "
+                             "divide the other (KV heads are split across ranks, or replicated)")
         self.head_dim = head_dim
         self.num_heads = num_heads // tp_size
         self.num_kv_heads = max(1, num_kv_heads // tp_size)
@@ -224,8 +237,6 @@ class RowParallelLinear(LinearBase):
                      "RowParallelLinear")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # The bias is added after the (future) all-reduce so that it is counted once, not tp_size times.
-        out = self.quant_method.apply(self, x, None)
-        if self.tp_size > 1:
-            raise NotImplementedError("tensor-parallel all-reduce arrives with lamina.distributed")
+        # The bias is added after the all-reduce so that it is counted once, not tp_size times.
+        out = all_reduce(self.quant_method.apply(self, x, None), self.tp_group)
         return out if self.bias is None else out + self.bias

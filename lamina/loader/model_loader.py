@@ -9,7 +9,8 @@ import torch
 from lamina.attention.backends import get_attention_backend
 from lamina.config import LOAD_FORMATS, KernelChoice, ModelArch
 from lamina.device import MODEL_DTYPES
-from lamina.loader.weights import iterate_weights
+from lamina.distributed.parallel_state import current_group
+from lamina.loader.weights import iterate_weight_slices, iterate_weights
 from lamina.models.common import CausalLM
 from lamina.models.names import format_names
 from lamina.models.registry import get_model_class
@@ -49,6 +50,7 @@ def load_model(model_dir: str, arch: ModelArch, dtype: torch.dtype, device: torc
     that matches no parameter, or a parameter with no checkpoint tensor, is a ValueError naming them.
     load_format "dummy": small random weights, no files read (for benchmarks and tests).
     A quantized checkpoint (config.json's quantization_config, lamina/quant/) builds quantized layers.
+    Inside lamina.distributed.parallel_state.building(group) the model is this rank's shard of it.
     """
     _check_args(dtype, load_format)
     model_cls = get_model_class(arch.architecture)
@@ -68,8 +70,10 @@ def load_model(model_dir: str, arch: ModelArch, dtype: torch.dtype, device: torc
 
 
 def load_checkpoint(model: CausalLM, model_dir: str) -> None:
-    """Stream the checkpoint into `model`; every expected tensor must be present, and nothing else."""
-    loaded = model.load_weights(iterate_weights(model_dir))
+    """Stream the checkpoint into `model`; every expected tensor must be present, and nothing else.
+    A model built for tensor parallelism (inside parallel_state.building) reads only its rank's slices."""
+    weights = iterate_weight_slices(model_dir) if current_group().is_parallel else iterate_weights(model_dir)
+    loaded = model.load_weights(weights)
     missing = model.expected_weight_names() - loaded
     if missing:
         raise ValueError(f"checkpoint in {model_dir!r} is missing {len(missing)} tensor(s) that "

@@ -2,11 +2,15 @@
 
 Only safetensors is read: .bin / .pt checkpoints are pickles, which can run arbitrary code
 when loaded, so lamina refuses them on purpose (convert them with HF's `save_pretrained`).
+
+Under tensor parallelism (`iterate_weight_slices`) nothing is read up front: each tensor comes as a
+`LazySlice` that the layer's weight loader narrows to its rank's part; only that part is read from the file.
 """
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -52,3 +56,46 @@ def iterate_weights(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():
                 yield name, f.get_tensor(name)
+
+
+class LazySlice:
+    """A checkpoint tensor not read yet: `narrow` it (as a torch tensor), then `materialize()` reads exactly
+    that part from the safetensors file (safetensors' get_slice; no full copy)."""
+
+    def __init__(self, source: Any, bounds: tuple[tuple[int, int], ...]) -> None:
+        self._source = source  # safetensors' slice object: indexable with a tuple of slices
+        self._bounds = bounds  # (start, stop) per dim
+
+    @classmethod
+    def of(cls, source: Any) -> LazySlice:
+        return cls(source, tuple((0, n) for n in source.get_shape()))
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size(stop - start for start, stop in self._bounds)
+
+    def dim(self) -> int:
+        return len(self._bounds)
+
+    def narrow(self, dim: int, start: int, length: int) -> LazySlice:
+        dim = dim % len(self._bounds)
+        lo, hi = self._bounds[dim]
+        if start < 0 or length < 0 or lo + start + length > hi:
+            raise ValueError(f"narrow({dim}, {start}, {length}) is outside a tensor of shape {tuple(self.shape)}")
+        bounds = list(self._bounds)
+        bounds[dim] = (lo + start, lo + start + length)
+        return LazySlice(self._source, tuple(bounds))
+
+    def materialize(self) -> torch.Tensor:
+        if not self._bounds:
+            return self._source[()]
+        return self._source[tuple(slice(start, stop) for start, stop in self._bounds)]
+
+
+def iterate_weight_slices(model_dir: str) -> Iterator[tuple[str, LazySlice]]:
+    """Yield (checkpoint name, LazySlice) for every tensor, file by file (each file open while its tensors
+    are loaded)."""
+    for file in safetensors_files(model_dir):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                yield name, LazySlice.of(f.get_slice(name))

@@ -7,9 +7,14 @@ Its life, driven by an executor (lamina/executor/):
     initialize_cache(num_blocks)    allocate and bind the KV cache; fixes max_model_len
     compile_and_capture(max_seqs)   compile kernels, capture decode CUDA graphs
     execute_model(step message)     one step -> PendingStep
+
+Under tensor parallelism every rank has a Worker (lamina/executor/multiproc.py drives them in lock step):
+it builds its shard of the model inside parallel_state.building(group), and its KV cache holds its own
+KV heads only (`rank_arch`: the architecture as one rank sees it).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -18,6 +23,7 @@ import torch
 
 from lamina.config import DEFAULT_CPU_KV_BYTES, EngineConfig, ModelArch
 from lamina.device import resolve_device, resolve_dtype
+from lamina.distributed.parallel_state import SINGLE, TensorParallelGroup, building
 from lamina.kernels import compile_counter
 from lamina.kv.cache import allocate_kv_caches, attention_layers, bind_kv_caches, kv_cache_bytes_per_block
 from lamina.loader.hf_config import check_model_len
@@ -34,16 +40,30 @@ from lamina.worker.warmup import warm_up_kernels
 logger = logging.getLogger(__name__)
 
 
+def rank_arch(arch: ModelArch, tp_size: int) -> ModelArch:
+    """The architecture as one of `tp_size` ranks holds it: its share of the attention and KV heads (one KV
+    head each, replicated, when there are fewer KV heads than ranks). The KV cache is sized from it."""
+    if tp_size == 1:
+        return arch
+    return dataclasses.replace(arch, num_attention_heads=arch.num_attention_heads // tp_size,
+                               num_key_value_heads=max(1, arch.num_key_value_heads // tp_size))
+
+
 class Worker:
-    def __init__(self, config: EngineConfig, arch: ModelArch) -> None:
+    def __init__(self, config: EngineConfig, arch: ModelArch, group: TensorParallelGroup = SINGLE,
+                 device: torch.device | None = None) -> None:
+        """`group`: this rank's tensor-parallel group; `device`: its device (default: config.device)."""
         self.config = config
         self.arch = arch
-        self.device = resolve_device(config.device)
+        self.group = group
+        self.rank_arch = rank_arch(arch, group.size)
+        self.device = device if device is not None else resolve_device(config.device)
         self.dtype = resolve_dtype(config.model_config.dtype, arch, self.device)
         cache = config.cache_config
-        self.model = load_model(config.model_config.model, arch, self.dtype, self.device,
-                                load_format=config.model_config.load_format,
-                                attention_backend=config.attention_backend)
+        with building(group):
+            self.model = load_model(config.model_config.model, arch, self.dtype, self.device,
+                                    load_format=config.model_config.load_format,
+                                    attention_backend=config.attention_backend)
         self.runner = ModelRunner(self.model, cache.block_size, arch.vocab_size, self.device,
                                   config.model_config.seed)
         spec = config.speculative_config
@@ -64,7 +84,7 @@ class Worker:
         self.num_blocks = num_blocks
         self.max_model_len = self._max_model_len()
         check_model_len(self.arch, self.max_model_len)
-        bind_kv_caches(self.model, allocate_kv_caches(self.arch, num_blocks, cache.block_size, self.dtype,
+        bind_kv_caches(self.model, allocate_kv_caches(self.rank_arch, num_blocks, cache.block_size, self.dtype,
                                                       self.device))
         if self.proposer is not None:
             self.proposer.bind_cache(num_blocks, cache.block_size)
@@ -111,7 +131,7 @@ class Worker:
 
     def _num_kv_blocks_from_utilization(self) -> int:
         cache, sched = self.config.cache_config, self.config.scheduler_config
-        peak = profile_peak_bytes(self.model, self.arch, sched.max_num_batched_tokens, sched.max_num_seqs,
+        peak = profile_peak_bytes(self.model, self.rank_arch, sched.max_num_batched_tokens, sched.max_num_seqs,
                                   cache.block_size, self.dtype, self.device)
         total = torch.cuda.get_device_properties(self.device).total_memory
         per_block = self._kv_bytes_per_block()
@@ -125,7 +145,7 @@ class Worker:
         """The target's KV bytes per block, and the proposer's own (a draft model's) under the same block id."""
         block_size = self.config.cache_config.block_size
         own = self.proposer.kv_bytes_per_block(block_size) if self.proposer is not None else 0
-        return kv_cache_bytes_per_block(self.arch, block_size, self.dtype) + own
+        return kv_cache_bytes_per_block(self.rank_arch, block_size, self.dtype) + own
 
     def _capture_graphs(self, max_num_seqs: int) -> CudaGraphRunner | None:
         """Capture decode steps (and verify steps, when drafting) on CUDA with the Triton kernels (unless
