@@ -76,7 +76,7 @@ def _close(out: torch.Tensor, ref: torch.Tensor) -> bool:
 
 def kernel_shape(name: str, n: int, k: int, device: str, args: argparse.Namespace) -> dict[str, Any]:
     from lamina.kernels.gemv import gemv
-    from lamina.kernels.wna16_gemm import wna16_gemm
+    from lamina.kernels.wna16_gemm import wna16_gemm, wna16_matmul
     from lamina.kernels.wna16_gemv import CANDIDATE_CONFIGS, default_config, num_sms, wna16_gemv
 
     gen = torch.Generator(device=device).manual_seed(0)
@@ -128,10 +128,12 @@ def kernel_shape(name: str, n: int, k: int, device: str, args: argparse.Namespac
     row["gemm"] = {}
     for m in () if late else args.gemm_rows:
         x = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)
-        ok = _close(q_call(wna16_gemm, x, quant["int4"][0]), reference(x, quant["int4"][0], k))
+        ops = quant["int4"][:4]
+        ref = reference(x, ops[0], k)
+        ok = _close(q_call(wna16_gemm, x, ops[0]), ref) and _close(q_call(wna16_matmul, x, ops[0]), ref)
         row["gemm"][m] = dict(ok=ok, cublas_us=_time([lambda w=w: F.linear(x, w) for w in order[:4]], device, args),
-                              int4_us=_time([lambda op=op: q_call(wna16_gemm, x, op) for op in quant["int4"][:4]],
-                                            device, args))
+                              int4_us=_time([lambda op=op: q_call(wna16_gemm, x, op) for op in ops], device, args),
+                              dequant_us=_time([lambda op=op: q_call(wna16_matmul, x, op) for op in ops], device, args))
     return row
 
 
@@ -192,7 +194,8 @@ def table(report: dict[str, Any]) -> str:
         for row in report["kernels"]:
             c = row["int4_configs"]
             best = c["results"].get(c["best"] or "", {})
-            gemm = ", ".join(f"M={m}: int4 {g['int4_us']:.0f} vs cuBLAS {g['cublas_us']:.0f} us"
+            gemm = ", ".join(f"M={m}: int4 {g['int4_us']:.0f} / dequant+cuBLAS {g['dequant_us']:.0f} "
+                             f"vs {g['cublas_us']:.0f} us"
                              f"{'' if g['ok'] else ' WRONG'}" for m, g in row["gemm"].items())
             lines.append(f"{row['shape']:<8} int4 GEMV default {c['default']} "
                          f"{c['results'][c['default']].get('us', float('nan')):.1f} us, best {c['best']} "

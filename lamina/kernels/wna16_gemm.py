@@ -130,3 +130,56 @@ def wna16_gemm(x: torch.Tensor, words: torch.Tensor, scale: torch.Tensor, zero_p
         SCALAR_GROUP=gs % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
+
+
+@triton.jit
+def _dequantize_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, group_size, stride_wn, stride_sn, stride_zn,
+                       BITS: tl.constexpr, XOR: tl.constexpr, HAS_ZERO: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr):
+    """out[N, K] = (u - OFFSET - z) * s in out's dtype: one rounding, the reference path's weight."""
+    PACK: tl.constexpr = 32 // BITS
+    OFFSET: tl.constexpr = 1 << (BITS - 1)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (offs_n < N)[:, None] & (offs_k < K)[None, :]
+    rows = offs_n.to(tl.int64)[:, None]
+    words = tl.load(w_ptr + rows * stride_wn + (offs_k // PACK)[None, :], mask=mask, other=0)
+    if XOR != 0:
+        words = words ^ XOR
+    u = ((words >> ((offs_k % PACK) * BITS)[None, :]) & ((1 << BITS) - 1)).to(tl.float32)
+    g = (offs_k // group_size)[None, :]
+    s = tl.load(s_ptr + rows * stride_sn + g, mask=mask, other=0.0).to(tl.float32)
+    if HAS_ZERO:
+        z = tl.load(z_ptr + rows * stride_zn + g, mask=mask, other=0).to(tl.float32) + OFFSET
+    else:
+        z = OFFSET
+    tl.store(out_ptr + rows * K + offs_k[None, :], ((u - z) * s).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def dequantize_weight(words: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, k: int,
+                      num_bits: int, group_size: int | None, xor: int = 0) -> torch.Tensor:
+    """The weight [N, k] in scale's dtype (lamina.quant.wna16.dequantize of the unpacked words)."""
+    n = words.shape[0]
+    out = torch.empty((n, k), dtype=scale.dtype, device=words.device)
+    z = scale if zero_point is None else zero_point
+    _dequantize_kernel[(triton.cdiv(n, 16), triton.cdiv(k, 256))](
+        words, scale, z, out, n, k, group_size or CHANNEL_GROUP, words.stride(0), scale.stride(0), z.stride(0),
+        BITS=num_bits, XOR=xor, HAS_ZERO=zero_point is not None, BLOCK_N=16, BLOCK_K=256, num_warps=4)
+    return out
+
+
+USE_GEMM_KERNEL = False  # H200 run 1: the GEMM kernel 20-40x cuBLAS's bf16 time (M = 16 .. 2048); see below
+
+
+def wna16_matmul(x: torch.Tensor, words: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None,
+                 bias: torch.Tensor | None, num_bits: int, group_size: int | None, xor: int = 0) -> torch.Tensor:
+    """More rows than the GEMV takes: dequantize the weight to a temporary in x's dtype (a Triton kernel, one
+    write of N x K) and multiply with cuBLAS, or the GEMM kernel when USE_GEMM_KERNEL. Measured on the H200
+    (benchmarks/results/2026-12-01-h200-quant-speed-run1.json), the GEMM kernel took 355 us on qkv at M = 16
+    (cuBLAS bf16: 19 us) and 5089 us at M = 2048 (133 us): too few programs at small M, per-element word loads
+    and conversions at large M. Until it is tuned, the dequantize pass + cuBLAS is the path."""
+    if USE_GEMM_KERNEL:
+        return wna16_gemm(x, words, scale, zero_point, bias, num_bits, group_size, xor)
+    check_inputs(x, words, scale, zero_point, bias, num_bits)
+    weight = dequantize_weight(words, scale, zero_point, x.shape[1], num_bits, group_size, xor)
+    return torch.nn.functional.linear(x, weight, bias)

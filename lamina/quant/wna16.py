@@ -11,9 +11,9 @@ Parameters of one layer (rows = the sum of its fused output sizes, groups = in /
     weight_shape       int64 [shards, 2]                 each shard's (out, in), checked against the layer
 
 `apply` runs the Triton kernels that `kernel_for` picks on CUDA (lamina/kernels/wna16_gemv.py for 1..4 rows,
-wna16_gemm.py for more: they read these same parameters, the checkpoint's layout, so nothing is repacked after
-loading), else the reference path: dequantize the whole weight and multiply (exact, any device, not fast; the
-kernels' oracle).
+wna16_gemm.wna16_matmul for more: they read these same parameters, the checkpoint's layout, so nothing is
+repacked after loading), else the reference path: dequantize the whole weight and multiply (exact, any device,
+not fast; the kernels' oracle).
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ Kernel = Callable[[nn.Module, torch.Tensor, torch.Tensor | None], torch.Tensor]
 def kernel_for(x: torch.Tensor, layer: nn.Module, args: WeightQuantArgs) -> Kernel | None:
     """The fast W4A16 / W8A16 path (issue #13): on CUDA (dispatch.on_kernel_device), for fp16 / bf16 x with
     scales of x's dtype and triton importable, lamina.kernels.wna16_gemv for 1..4 rows (when the layer's
-    KernelChoice allows the GEMV) and lamina.kernels.wna16_gemm for the rest; None runs the reference path.
+    KernelChoice allows the GEMV) and lamina.kernels.wna16_gemm.wna16_matmul for the rest; None runs the reference path.
     Pack-quantized 4- and 8-bit weights, and naive int8 ones whose rows are whole int32 words. Triton is
     imported on the first CUDA call only, never on CPU."""
     if not (dispatch.on_kernel_device(x) and x.dtype in dispatch.GEMV_DTYPES) or getattr(args, "type", "int") != "int":
@@ -66,7 +66,7 @@ def kernel_for(x: torch.Tensor, layer: nn.Module, args: WeightQuantArgs) -> Kern
         x2 = x.reshape(-1, x.shape[-1])
         w = words if words is not None else layer.weight.view(torch.int32)
         zero = getattr(layer, "weight_zero_point", None)
-        fn = gemv.wna16_gemv if use_gemv else gemm.wna16_gemm
+        fn = gemv.wna16_gemv if use_gemv else gemm.wna16_matmul
         out = fn(x2, w, layer.weight_scale, zero, bias, args.num_bits, group_size, xor)
         return out.view(*x.shape[:-1], out.shape[-1])
     return run

@@ -48,7 +48,7 @@ def kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     """CPU tensors route as CUDA ones; records (kernel, rows) of every quantized kernel call."""
     calls: list[tuple[str, int]] = []
     monkeypatch.setattr(dispatch, "on_kernel_device", lambda x: True)
-    for module, name in ((wna16_gemv, "wna16_gemv"), (wna16_gemm, "wna16_gemm")):
+    for module, name in ((wna16_gemv, "wna16_gemv"), (wna16_gemm, "wna16_matmul")):
         def counting(x: torch.Tensor, *a, _f=getattr(module, name), _n=name, **kw) -> torch.Tensor:
             calls.append((_n, x.shape[0]))
             return _f(x, *a, **kw)
@@ -71,14 +71,14 @@ def test_layer_routes_rows_and_matches_the_reference(args: WeightQuantArgs,
         out = layer(x)
         assert out.shape == (*shape[:-1], sum(OUT))
         assert_matches(out.reshape(-1, sum(OUT)), expected.reshape(-1, sum(OUT)))
-    assert kernel_calls == [("wna16_gemv", 1), ("wna16_gemv", 4), ("wna16_gemv", 4), ("wna16_gemm", 5),
-                            ("wna16_gemm", 21)]
+    assert kernel_calls == [("wna16_gemv", 1), ("wna16_gemv", 4), ("wna16_gemv", 4), ("wna16_matmul", 5),
+                            ("wna16_matmul", 21)]
 
 
 def test_gemv_off_takes_the_gemm(kernel_calls: list[tuple[str, int]]) -> None:
     layer = _layer(ARGS[0], KernelChoice(gemv=False))
     layer(torch.randn(1, IN).to(torch.bfloat16))
-    assert kernel_calls == [("wna16_gemm", 1)]
+    assert kernel_calls == [("wna16_matmul", 1)]
 
 
 def test_what_stays_on_the_reference_path(monkeypatch: pytest.MonkeyPatch) -> None:
