@@ -67,7 +67,7 @@ SINGLE = TensorParallelGroup(rank=0, size=1)
 
 @dataclass(frozen=True)
 class ExternalLaunch:
-    """This process was started by `torchrun` (lamina/distributed/launch.py read its environment): the
+    """This process was started by `torchrun` (lamina/launch.py read its environment): the
     executor joins the group through `env://` instead of spawning workers. `local_rank` picks cuda:local_rank."""
 
     rank: int

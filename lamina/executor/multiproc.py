@@ -2,7 +2,7 @@
 schedules, and runs its Worker in-process); ranks 1..N-1 are worker processes (lamina/executor/tp_worker.py):
 
     one node:     spawned here, one per device (torch.multiprocessing, spawn; lamina/executor/processes.py)
-    several:      started by torchrun on every node (lamina/distributed/launch.py); they join through env://
+    several:      started by torchrun on every node (lamina/launch.py); they join through env://
 
 Each step message is broadcast to every rank (over the gloo cpu group) before rank 0 runs its own share;
 only rank 0's answer returns to the engine. Setup calls are broadcast too and their results gathered:

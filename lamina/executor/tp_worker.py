@@ -11,7 +11,7 @@ Every rank runs every step in full, sampling included, with the same seeds: all 
 and keep the same copies of the requests; only rank 0's answer goes back to the engine.
 
 A worker started by lamina (`spawned_worker_main`) sends its traceback to rank 0 and exits non-zero when it
-fails; a worker under torchrun (`run_external_worker`, from lamina/distributed/launch.py) just exits non-zero.
+fails; a worker under torchrun (`run_external_worker`, from lamina/launch.py) just exits non-zero.
 """
 from __future__ import annotations
 

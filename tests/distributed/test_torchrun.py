@@ -1,5 +1,5 @@
 """Several nodes, simulated: two `torchrun --nnodes 2` launches on localhost (c10d rendezvous), each running
-`python -m lamina.distributed.launch generate ...`; the rank-0 process writes the same tokens as TP=1."""
+`python -m lamina.launch generate ...`; the rank-0 process writes the same tokens as TP=1."""
 from __future__ import annotations
 
 import json
@@ -27,7 +27,7 @@ def torchrun(node_rank: int, port: int, model: str, tmp: Path) -> subprocess.Pop
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
                "--node-rank", str(node_rank), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
                "--rdzv-id", "lamina-test", "--max-restarts", "0",
-               "-m", "lamina.distributed.launch", "generate", "--model", model, "--skip-tokenizer-init",
+               "-m", "lamina.launch", "generate", "--model", model, "--skip-tokenizer-init",
                "--input", str(tmp / "in.jsonl"), "--output", str(tmp / "out.jsonl"), "--temperature", "0",
                "--max-tokens", str(MAX_NEW), "--ignore-eos", "--block-size", "4", "--num-kv-blocks", "64",
                "--tensor-parallel-size", "2"]

@@ -2,7 +2,7 @@
 
     torchrun --nnodes 2 --nproc-per-node 1 --node-rank <0|1> --rdzv-backend c10d \\
              --rdzv-endpoint <host of node 0>:29500 --rdzv-id <any id, the same on every node> \\
-             -m lamina.distributed.launch generate --model <dir> --tensor-parallel-size 2 --input prompts.jsonl
+             -m lamina.launch generate --model <dir> --tensor-parallel-size 2 --input prompts.jsonl
 
 The process torchrun gives RANK 0 runs the `lamina` command line that follows (generate, chat, serve, ...);
 its engine joins the group through torchrun's environment (env://) instead of spawning workers. Every other
@@ -24,7 +24,7 @@ def launch_from_environment(environ: dict[str, str]) -> ExternalLaunch:
     """torchrun's variables -> ExternalLaunch; a clear error when this process was not started by torchrun."""
     missing = [name for name in _TORCHRUN_VARS if name not in environ]
     if missing:
-        raise SystemExit(f"lamina.distributed.launch runs under torchrun (missing {', '.join(missing)}); on one "
+        raise SystemExit(f"lamina.launch runs under torchrun (missing {', '.join(missing)}); on one "
                          "node use `lamina ... --tensor-parallel-size N` directly (docs/distributed.md)")
     return ExternalLaunch(int(environ["RANK"]), int(environ["WORLD_SIZE"]), int(environ["LOCAL_RANK"]))
 
