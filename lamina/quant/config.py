@@ -215,9 +215,10 @@ def parse_quant_config(raw: dict[str, Any] | None) -> QuantConfig | None:
         return None
     if not isinstance(raw, dict):
         raise ValueError(f"quantization_config: expected a JSON object, got {type(raw).__name__}")
-    from lamina.quant import compressed_tensors
+    from lamina.quant import awq_format, compressed_tensors, gptq_format
 
-    parsers = {compressed_tensors.QUANT_METHOD: compressed_tensors.parse_config}
+    parsers = {compressed_tensors.QUANT_METHOD: compressed_tensors.parse_config,
+               gptq_format.QUANT_METHOD: gptq_format.parse_config, awq_format.QUANT_METHOD: awq_format.parse_config}
     method = raw.get("quant_method")
     if method not in parsers:
         raise ValueError(f"quantization_config.quant_method: {method!r} is not supported; "

@@ -95,7 +95,7 @@ def test_sliding_window_shorter_than_max_model_len_is_refused(tmp_path: Path) ->
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, r"'yarn' is not supported.*'llama3'"),
     ({"partial_rotary_factor": 0.5}, r"partial_rotary_factor: only 1.0 is supported, got 0.5"),
     ({"hidden_act": "gelu"}, "hidden_act: only 'silu'"),
-    ({"quantization_config": {"quant_method": "gptq"}}, "quantization_config.*'gptq'"),
+    ({"quantization_config": {"quant_method": "bitsandbytes"}}, "quantization_config.*'bitsandbytes'"),
 ])
 def test_bad_config_is_a_clear_error(tmp_path: Path, edit: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):

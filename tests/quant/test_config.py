@@ -33,7 +33,7 @@ def test_lamina_config_round_trips():
 
 
 @pytest.mark.parametrize("path,value,message", [
-    ("quant_method", "gptq", r"quant_method: 'gptq' is not supported"),
+    ("quant_method", "bitsandbytes", r"quant_method: 'bitsandbytes' is not supported"),
     ("config_groups.group_0.weights.type", "mxfp", r"weights\.type: only 'int' and 'float'"),
     ("config_groups.group_0.weights.type", "float", r"weights\.type: 'float' weights cannot be stored as 'pack"),
     ("config_groups.group_0.weights.num_bits", 3, r"weights\.num_bits: only \[4, 8\]"),
