@@ -13,7 +13,7 @@ from typing import Any
 from lamina import DEMO_MODEL, __version__
 from lamina.quant.recipe import get_recipe, method_names
 from lamina.quantize.calibration import DEFAULT_NUM_SAMPLES, DEFAULT_SEQ_LEN
-from lamina.quantize.gate import budgets, not_better, over_budget, table
+from lamina.quantize.gate import budgets, code_eval, not_better, over_budget, table
 
 SUMMARY = "quantize_summary.json"
 METHODS = [*method_names(), "gptq", "awq", "smoothquant"]  # the last three: lamina/quantize/methods.py
@@ -37,9 +37,11 @@ Calibration (gptq, awq, smoothquant): --num-samples sequences of up to 512 token
 overlap). Layers are calibrated one after another on the outputs of the layers already quantized.
 
 Accuracy gate: the quantized checkpoint is evaluated against MODEL with lamina's own forward (torch, float32):
-perplexity on held-out text and the mean KL divergence of the next-token distributions. Over budget, nothing
+perplexity on held-out text, the mean KL divergence of the next-token distributions, and the exact match of
+--code-cases greedy completions of lines of held-out Python functions (through the engine). Over budget, nothing
 is written and the exit status is 1, unless --force. Default budgets: int8 and llm_int8 +1 % perplexity and
-KL 0.01; w8a8, smoothquant and fp8 +2 % and KL 0.02; rtn4, gptq and awq +5 % and KL 0.1, and gptq / awq must
+KL 0.01; w8a8, smoothquant and fp8 +2 % and KL 0.02; rtn4, gptq and awq +5 % and KL 0.1; code exact match at
+most 2 points (8-bit) or 5 points (4-bit) below the unquantized model's; and gptq / awq must
 have a lower perplexity than rtn4 with the same group size (the gate quantizes with rtn4 too and shows it in
 the table; smoothquant shows w8a8 beside it). Default held-out text: Python
 source shipped with lamina (lamina/quantize/data/).
@@ -54,6 +56,9 @@ def _add_eval_args(parser: argparse.ArgumentParser) -> None:
     a("--window", type=int, default=512, help="tokens per scored window (default 512)")
     a("--max-eval-tokens", type=int, default=None, metavar="N", help="score at most N tokens (default: all)")
     a("--device", default="cpu", help="where the evaluation runs: cpu (default), cuda, cuda:N")
+    a("--code-cases", type=int, default=128, metavar="N",
+      help="code-completion lines to complete greedily, spread over the held-out functions (default 128; 0: off)")
+    a("--code-functions", default=None, metavar="FILE.jsonl", help="held-out functions, one {'text': ...} a line")
 
 
 def _add_calibration_args(parser: argparse.ArgumentParser) -> None:
@@ -81,6 +86,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="perplexity budget, percent over the unquantized model (default: int8 1, rtn4 5)")
     q.add_argument("--max-kl", type=float, default=None, metavar="NATS",
                    help="mean KL budget per token (default: int8 0.01, rtn4 0.1)")
+    q.add_argument("--max-em-drop", type=float, default=None, metavar="POINTS",
+                   help="code-completion exact-match points the result may lose (default: 8-bit 2, 4-bit 5)")
     q.add_argument("--ignore", nargs="*", default=["lm_head"], metavar="TARGET",
                    help="layers left unquantized: names or 're:<regex>' (default: lm_head)")
     q.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -187,15 +194,17 @@ def run_quantize(args: argparse.Namespace) -> int:
               f"{done.bytes_after / 1e6:.1f} MB of weights in {done.seconds:.1f} s", file=sys.stderr)
         start = time.perf_counter()
         result = evaluate(str(staging), windows, args.model, args.device)
+        code = code_eval(args, str(staging), args.model)
         reference = _reference(args, reference_dir, calibrated.baseline, group_size, windows) if calibrated else None
         reference_name = calibrated.baseline if calibrated else None
         must_beat = bool(calibrated and calibrated.must_beat)  # smoothquant shows w8a8 without having to beat it
-        print(table(result, recipe.name, limits, reference, reference_name, must_beat=must_beat))
-        failures = over_budget(result, limits["ppl"], limits["kl"])
+        print(table(result, recipe.name, limits, reference, reference_name, code, must_beat=must_beat))
+        failures = over_budget(result, limits["ppl"], limits["kl"], code, limits["em"])
         if reference is not None and must_beat:
             failures += not_better(result, reference, recipe.name, reference_name)
         extra = (_calibration_summary(args, sequences, notes, reference, reference_name, must_beat)
                  if calibrated else {})
+        extra["code_completion"] = None if code is None else {**asdict(code), "em_drop": code.em_drop}
         _write_summary(staging, args, recipe, done, result, limits, failures, time.perf_counter() - start, extra)
         if failures and not args.force:
             print(f"lamina quantize: {'; '.join(failures)}: nothing written (--force writes it anyway)",
@@ -225,7 +234,7 @@ def _calibration_summary(args: argparse.Namespace, sequences: list[list[int]] | 
 def _write_summary(directory: Path, args: argparse.Namespace, recipe: Any, done: Any, result: Any,
                    budgets: dict[str, float], failures: list[str], eval_seconds: float,
                    extra: dict[str, Any]) -> None:
-    limits = {"max_ppl_increase": budgets["ppl"], "max_kl": budgets["kl"]}
+    limits = {"max_ppl_increase": budgets["ppl"], "max_kl": budgets["kl"], "max_em_drop": budgets["em"]}
     if extra.get("reference", {}).get("must_beat"):
         limits["better_than"] = extra["reference"]["method"]
     summary = {
@@ -236,7 +245,7 @@ def _write_summary(directory: Path, args: argparse.Namespace, recipe: Any, done:
         "evaluation": {"text": args.eval_text or "lamina/quantize/data/heldout_python.jsonl", "window": args.window,
                        "engine": f"lamina model forward, torch reference path, float32, {args.device}",
                        "seconds": round(eval_seconds, 2), **asdict(result), "ppl_increase": result.ppl_increase},
-        **{k: v for k, v in extra.items() if k == "reference"},
+        **{k: v for k, v in extra.items() if k in ("reference", "code_completion")},
         "budgets": limits, "passed": not failures, "failures": failures, "forced": bool(args.force and failures),
     }
     (directory / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
@@ -246,8 +255,11 @@ def run_eval(args: argparse.Namespace) -> int:
     from lamina.quantize.evaluate import evaluate
 
     result = evaluate(args.model, _windows(args, args.model), args.baseline, args.device)
-    print(table(result, Path(args.model).name or "model"))
+    code = code_eval(args, args.model, args.baseline)
+    print(table(result, Path(args.model).name or "model", code=code))
     if args.json:
+        code_json = None if code is None else {**asdict(code), "em_drop": code.em_drop}
         Path(args.json).write_text(json.dumps({"model": args.model, "baseline": args.baseline, **asdict(result),
-                                               "ppl_increase": result.ppl_increase}, indent=2) + "\n")
+                                               "ppl_increase": result.ppl_increase, "code_completion": code_json},
+                                              indent=2) + "\n")
     return 0
