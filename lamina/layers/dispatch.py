@@ -105,3 +105,20 @@ def gemv_for(x: torch.Tensor, weight: torch.Tensor, kernels: KernelChoice) -> Mo
     gemv = _gemv_module()
     rows = x.numel() // max(1, x.shape[-1])
     return gemv if gemv is not None and 1 <= rows <= min(GEMV_MAX_ROWS, gemv.MAX_M) else None
+
+
+@functools.cache
+def _token_quant_module() -> ModuleType | None:
+    try:
+        from lamina.kernels import token_quant
+    except ImportError:  # no triton: the PyTorch path
+        return None
+    return token_quant
+
+
+def token_quant_for(x: torch.Tensor) -> ModuleType | None:
+    """lamina.kernels.token_quant (per-token int8 / fp8 activation quantization, W8A8) for a 2-D CUDA x of
+    a FUSED_DTYPES dtype with contiguous rows, when triton imports; else None (the torch ops)."""
+    if not (on_kernel_device(x) and x.dtype in FUSED_DTYPES and x.dim() == 2 and x.stride(-1) == 1):
+        return None
+    return _token_quant_module()

@@ -84,12 +84,12 @@ def load_checkpoint(model: CausalLM, model_dir: str) -> None:
 def init_dummy_weights(model: CausalLM, seed: int = 0) -> None:
     """Norm weights 1, everything else N(0, 0.02): finite, deterministic activations without a checkpoint.
 
-    Integer-quantized layers (a quant method with int `args`: W4A16 / W8A16 / W8A8 int8) get valid random
-    integers instead: packed words of uniform random bits, int8 values and zero points uniform in the
-    num_bits range, positive scales that make the dequantized weight's std about 0.02, each shard's
-    weight_shape. Other integer parameters stay zero."""
+    Quantized layers (a quant method with `args`: W4A16 / W8A16 / W8A8 int8 / FP8) get valid random values
+    instead: packed words of uniform random bits, int8 values and zero points uniform in the num_bits range,
+    fp8 weights of std ~74 (as int8's), positive scales that make the dequantized weight's std about 0.02,
+    each shard's weight_shape. Other integer parameters stay zero."""
     generator = None
-    int_params = _quantized_int_params(model)
+    int_params = _quantized_params(model)
     for name, param in model.named_parameters():
         if generator is None:
             generator = torch.Generator(device=param.device).manual_seed(seed)
@@ -103,12 +103,12 @@ def init_dummy_weights(model: CausalLM, seed: int = 0) -> None:
             param.normal_(0.0, _DUMMY_STD, generator=generator)
 
 
-def _quantized_int_params(model: CausalLM) -> dict[str, tuple[int, torch.nn.Module]]:
-    """Parameter name -> (num_bits, its module) for every parameter of an integer-quantized layer."""
+def _quantized_params(model: CausalLM) -> dict[str, tuple[int, torch.nn.Module]]:
+    """Parameter name -> (num_bits, its module) for every parameter of a quantized layer (int or fp8)."""
     found = {}
     for prefix, module in model.named_modules():
         args = getattr(getattr(module, "quant_method", None), "args", None)
-        if args is None or getattr(args, "type", "int") != "int" or not isinstance(args.num_bits, int):
+        if args is None or getattr(args, "type", "int") not in ("int", "float") or not isinstance(args.num_bits, int):
             continue
         for name, _ in module.named_parameters(recurse=False):
             found[f"{prefix}.{name}" if prefix else name] = (args.num_bits, module)
@@ -121,6 +121,9 @@ def _init_quantized(param: torch.Tensor, leaf: str, num_bits: int, module: torch
     if leaf == "weight_packed":  # int32 words of uniform random bits: uniform values, every field valid
         param.copy_(torch.randint(-(1 << 31), 1 << 31, param.shape, generator=generator, device=param.device,
                                   dtype=torch.int64).to(param.dtype))
+    elif param.is_floating_point() and param.element_size() == 1:  # fp8 values, spread as int8's
+        std_q = (1 << num_bits) / 12 ** 0.5
+        param.copy_((torch.randn(param.shape, generator=generator, device=param.device) * std_q).clamp(-448, 448))
     elif leaf == "weight_shape":
         sizes = getattr(module.quant_method, "output_sizes", None)
         if sizes is not None and len(sizes) == param.shape[0]:

@@ -10,8 +10,9 @@ path). fp8: on CUDA with compute capability >= 8.9 (the H200 is 9.0), `torch._sc
 (`int8_reference`, `fp8_reference`) computes the same products in float64 / float32, exact for int8: the GPU
 check (scripts/quant_w8a8_gpu_check.py) and the tests compare the fast paths with it.
 
-The activation quantization is a few torch ops (amax, divide, round, cast); fusing them into one kernel is
-for torch.compile or a Triton kernel later. Nothing here imports triton.
+The activation quantization runs as one Triton kernel on CUDA (lamina/kernels/token_quant.py, picked by
+dispatch.token_quant_for); elsewhere, and as its reference, a few torch ops (amax, divide, round, cast).
+Nothing here imports triton.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lamina.layers import dispatch
 from lamina.layers.linear import QuantMethod, set_weight_attrs
 from lamina.quant.config import WeightQuantArgs
 
@@ -33,6 +35,13 @@ _INT_MM_MIN_ROWS = 32  # CUDA's _int_mm wants M > 16
 
 def per_token_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (int8 [M, K], scales float32 [M, 1]) with x ~ q * scale, one symmetric scale a row."""
+    kernel = dispatch.token_quant_for(x)
+    if kernel is not None:
+        return kernel.per_token_quant(x, torch.int8, INT8_MAX, _MIN_SCALE)
+    return per_token_int8_reference(x)
+
+
+def per_token_int8_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     x = x.float()
     scale = (x.abs().amax(dim=-1, keepdim=True) / INT8_MAX).clamp(min=_MIN_SCALE)
     return torch.round(x / scale).clamp(-128, 127).to(torch.int8), scale
@@ -40,6 +49,13 @@ def per_token_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def per_token_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (fp8 e4m3 [M, K], scales float32 [M, 1]): each row's max |x| maps to 448."""
+    kernel = dispatch.token_quant_for(x)
+    if kernel is not None:
+        return kernel.per_token_quant(x, FP8_DTYPE, FP8_MAX, _MIN_SCALE)
+    return per_token_fp8_reference(x)
+
+
+def per_token_fp8_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     x = x.float()
     scale = (x.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=_MIN_SCALE)
     return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale

@@ -84,7 +84,11 @@ def test_smoothquant_beats_plain_w8a8_on_activation_outliers(outlier_model, tmp_
 
 
 def _same_in_transformers(out, monkeypatch) -> None:
-    """Weights and folded norms exactly; logits up to an activation rounding tie or two."""
+    """Weights and folded norms exactly; logits exactly but where an activation lands on a rounding tie:
+    x / scale computed a ulp apart rounds to the next int8 level in one model and not the other, and the
+    difference then flows through every later position of that prompt (one of the three prompts moved by up
+    to 0.17, mean 0.013, on torch 2.13; the other two within 1e-5). With the wrong activation range (127
+    instead of compressed-tensors' 127.5) every prompt is off by a mean 0.06-0.09."""
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
@@ -95,8 +99,10 @@ def _same_in_transformers(out, monkeypatch) -> None:
     assert torch.equal(hf.model.layers[1].input_layernorm.weight, ours.model.layers[1].input_layernorm.weight)
     monkeypatch.setattr(w8a8, "INT8_MAX", 127.5)  # transformers quantizes activations as compressed-tensors does
     hf_out, lamina_out = hf_logits(out), lamina_logits(out)
+    gaps = sorted(float((lamina_out[key] - hf_out[key]).abs().max()) for key in hf_out)
+    assert gaps[len(gaps) // 2] < 1e-4, gaps  # most prompts meet no tie at all
     for key in hf_out:
-        torch.testing.assert_close(lamina_out[key], hf_out[key], rtol=0, atol=2e-2)
+        assert float((lamina_out[key] - hf_out[key]).abs().mean()) < 0.02, key
         assert torch.equal(lamina_out[key].argmax(-1), hf_out[key].argmax(-1))
 
 
