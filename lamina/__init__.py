@@ -13,9 +13,10 @@ _ASSETS = Path(__file__).resolve().parent / "assets"
 DEMO_MODEL = str(_ASSETS / "demo-model")
 DEMO_DRAFT = str(_ASSETS / "demo-draft")
 DEMO_MEDUSA = str(_ASSETS / "demo-medusa")  # Medusa heads of DEMO_MODEL (lamina distill --method medusa)
+DEMO_EAGLE = str(_ASSETS / "demo-eagle")  # an EAGLE-3 head of DEMO_MODEL (lamina distill --method eagle)
 
 __all__ = ["LLM", "SamplingParams", "RequestOutputKind", "RequestOutput", "CompletionOutput", "DEMO_MODEL",
-           "DEMO_DRAFT", "DEMO_MEDUSA"]
+           "DEMO_DRAFT", "DEMO_MEDUSA", "DEMO_EAGLE"]
 __version__ = "0.1.0"
 
 

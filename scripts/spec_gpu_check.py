@@ -1,6 +1,6 @@
 """Speculative decoding on a GPU: is it exact there? (issue #12)
 
-    python scripts/spec_gpu_check.py [--methods ngram,...] [--result-file out.json]
+    python scripts/spec_gpu_check.py [--methods ngram,draft_model,medusa,early_exit,eagle] [--result-file out.json]
 
 1. The rejection sampler on CUDA tensors: 200,000 rows verifying one n-gram (one-hot) draft against a known
    target distribution (temperature 0.8, top-k 6 of 8): the first emitted token's histogram vs the exact target
@@ -70,7 +70,7 @@ def greedy_identity(methods: list[str], new_tokens: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--methods", default="ngram")
+    parser.add_argument("--methods", default="ngram,draft_model,medusa,early_exit,eagle")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--result-file")
     args = parser.parse_args(argv)

@@ -1,6 +1,6 @@
 """Speculative decoding: each method against none, in one process, on CPU or GPU (issue #12).
 
-    python -m lamina.bench.spec [--model DIR] [--methods ngram,draft_model,medusa,early_exit] [--k 3]
+    python -m lamina.bench.spec [--model DIR] [--methods ngram,draft_model,medusa,early_exit,eagle] [--k 3]
                                 [--new-tokens 128] [--batch-sizes 1,8,32] [--repeats 3] [--result-file out.json]
 
 Batch 1: three prompt sets kept apart (acceptance depends on the language and the task): Python code to
@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from lamina import DEMO_DRAFT, DEMO_MEDUSA, LLM, SamplingParams
+from lamina import DEMO_DRAFT, DEMO_EAGLE, DEMO_MEDUSA, LLM, SamplingParams
 from lamina.bench.cpu_report import cpu_bench_parser, run_info, write_report
 from lamina.engine.drafts import SpecDecodeStats
 
@@ -37,7 +37,7 @@ PROMPT_SETS = {
               "Mountains form when tectonic plates", "She opened the letter and read the first line:"],
 }
 TEMPERATURES = (0.0, 0.6)
-METHODS = ("ngram", "draft_model", "medusa", "early_exit")
+METHODS = ("ngram", "draft_model", "medusa", "early_exit", "eagle")
 FIXED = "-fixed"  # a label suffix: the method with the adaptive policy off
 
 
@@ -45,7 +45,7 @@ def spec_config(label: str, k: int, draft_model: str = DEMO_DRAFT, medusa_model:
     """The speculative_config of a bench label: a method, or METHOD-fixed for that method with k fixed (the
     adaptive policy off: a tuned row)."""
     method = label.removesuffix(FIXED)
-    models = {"draft_model": draft_model, "medusa": medusa_model}
+    models = {"draft_model": draft_model, "medusa": medusa_model, "eagle": DEMO_EAGLE}
     config = {"method": method, "num_speculative_tokens": k, **({"model": models[method]} if method in models else {})}
     return {**config, "adaptive": False} if label.endswith(FIXED) else config
 

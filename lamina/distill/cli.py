@@ -40,16 +40,22 @@ cached, and each head learns the teacher's own prediction 2 + j tokens ahead, wi
 --seq-len cached positions. --out receives a head directory (config.json, model.safetensors in bf16) for
 speculative_config {"method": "medusa", "model": OUT}, and distill_summary.json with each head's held-out
 top-1 agreement with the teacher (--eval-tokens) and on greedy continuations (--agreement-positions).
+
+--method eagle trains an EAGLE-3 head (lamina/distill/eagle.py): the teacher's features from 3 of its layers
+are cached over --train-tokens of train.bin (and --self-generated tokens of its own greedy continuations),
+and one decoder layer learns the teacher's greedy tokens with a --ttt-steps training-time-test unroll (CE
+only). --out receives a head directory for speculative_config {"method": "eagle", "model": OUT}.
 """
 
-METHODS = ("draft_model", "medusa")
+METHODS = ("draft_model", "medusa", "eagle")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `lamina distill` (also used by `python -m lamina.distill`)."""
     a = parser.add_argument
     a("--method", choices=METHODS, default="draft_model",
-      help="draft_model: train a student model (default); medusa: train Medusa heads on the teacher")
+      help="draft_model: train a student model (default); medusa: train Medusa heads on the teacher; eagle: "
+           "train an EAGLE-3 head on the teacher's features")
     a("--teacher", required=True, help="teacher model directory (HF checkpoint, loadable by transformers)")
     a("--student-config",
       help="JSON file of student config fields (LlamaConfig names; model_type defaults to llama, "
@@ -81,8 +87,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--no-progress", action="store_true", help="no progress bar")
     a("--num-heads", type=int, default=4, help="medusa: number of heads, K (default 4)")
     a("--train-tokens", type=int, default=2_000_000,
-      help="medusa: train.bin tokens to run the teacher over and cache in CPU memory, hidden_size x 2 bytes "
-           "each (default 2e6)")
+      help="medusa / eagle: train.bin tokens to run the teacher over and cache in CPU memory, hidden_size x 2 "
+           "bytes each (eagle: x 3) (default 2e6)")
+    a("--ttt-steps", type=int, default=3, help="eagle: steps of the training-time-test unroll (default 3)")
+    a("--self-generated", type=int, default=0,
+      help="eagle: also train on about this many tokens of the teacher's own greedy continuations (default 0)")
+    a("--loss-positions", type=int, default=0,
+      help="eagle: random positions per unroll step that the loss reads, 0 = all (the LM head dominates a step)")
+    a("--init-from", default=None, help="eagle: start from the weights of this head directory")
+    a("--head-intermediate-size", type=int, default=None,
+      help="eagle: the head's MLP width (default: the teacher's intermediate_size)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -120,6 +134,10 @@ def run(args: argparse.Namespace) -> int:
         from .medusa import run_medusa
 
         return run_medusa(args, cfg)
+    if args.method == "eagle":
+        from .eagle import run_eagle
+
+        return run_eagle(args, cfg)
     if args.student_config is None:
         raise ValueError("--student-config is required by --method draft_model")
     device = resolve_device(cfg.device)

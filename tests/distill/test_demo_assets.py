@@ -75,3 +75,18 @@ def test_both_load_in_transformers_and_generate() -> None:
         model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         out = model.generate(ids, max_new_tokens=8, do_sample=False)
         assert out.shape == (1, ids.shape[1] + 8) or int(out[0, -1]) in (0, 4)
+
+
+def test_the_eagle_head_files_and_config() -> None:
+    """lamina/assets/demo-eagle: an EAGLE-3 head of the demo model, bf16, a few MB (loaded and run by
+    tests/spec/test_eagle.py)."""
+    head = ASSETS / "demo-eagle"
+    for name in ("config.json", "model.safetensors", "README.md"):
+        assert (head / name).is_file(), f"demo-eagle lacks {name}"
+    config = json.loads((head / "config.json").read_text())
+    teacher = json.loads((TEACHER / "config.json").read_text())
+    assert config["aux_hidden_state_layers"] == [2, 4, 6]
+    assert (config["hidden_size"], config["vocab_size"]) == (teacher["hidden_size"], teacher["vocab_size"])
+    with safe_open(str(head / "model.safetensors"), "pt") as f:
+        assert {str(f.get_slice(k).get_dtype()) for k in f.keys()} == {"BF16"}
+    assert 1e6 <= _params(head) <= 4e6 and (head / "model.safetensors").stat().st_size < 8 * 2**20

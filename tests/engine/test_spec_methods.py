@@ -62,16 +62,44 @@ def test_a_draft_model_with_another_vocabulary_is_a_clear_error(model_dir: str, 
         LLM(model=model_dir, speculative_config={"method": "draft_model", "model": str(other)}, num_kv_blocks=64)
 
 
-@pytest.mark.parametrize("engine", ENGINES, ids=IDS)
-def test_eagle_is_exact(model_dir: str, engine: dict, tmp_path) -> None:
-    """A random EAGLE head (it drafts, it is seldom right): greedy output unchanged, every step's features fed."""
+@pytest.fixture(scope="module")
+def eagle_drafts(model_dir: str, tmp_path_factory) -> tuple[str, dict]:
+    """A random EAGLE head, and the drafts it makes in the default engine, keyed by the verified tokens."""
     from tests.spec.test_eagle import make_head_dir
-    head = make_head_dir(model_dir, tmp_path / "head")
+    head = str(make_head_dir(model_dir, tmp_path_factory.mktemp("eagle") / "head"))
+    return head, _eagle_run(model_dir, head, {})[1]
+
+
+def _eagle_run(model_dir: str, head: str, engine: dict) -> tuple[list, dict, LLM]:
+    from lamina.spec.eagle import EagleProposer
+    seen: dict = {}
+    original = EagleProposer.propose_fed
+
+    def spy(self, feeds, requests, features):  # noqa: ANN001, ANN202 - records what the engine drafted
+        drafts = original(self, feeds, requests, features)
+        seen.update({tuple(r.token_ids): tuple(d) for r, d in zip(requests, drafts)})
+        return drafts
+    EagleProposer.propose_fed = spy
+    try:
+        got, llm = _run(model_dir, {"method": "eagle", "model": head, "num_speculative_tokens": 3,
+                                    "adaptive": False}, **engine)
+    finally:
+        EagleProposer.propose_fed = original
+    return got, seen, llm
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=IDS)
+def test_eagle_is_exact_and_fed_every_position(model_dir: str, engine: dict, eagle_drafts: tuple) -> None:
+    """A random EAGLE head (it drafts, seldom right): greedy output unchanged; and after the same verified
+    tokens it drafts the same tokens whatever the chunking, caching or preemption (its KV is complete)."""
+    head, reference = eagle_drafts
     want, _ = _run(model_dir, None, **engine)
-    got, llm = _run(model_dir, {"method": "eagle", "model": str(head), "num_speculative_tokens": 3,
-                                "adaptive": False}, **engine)
+    got, seen, llm = _eagle_run(model_dir, head, engine)
     assert got == want
     stats = llm.engine.get_stats().spec
-    assert stats.num_draft_tokens > 50
+    assert stats.num_draft_tokens > 50 and len(seen) > 20
+    common = set(seen) & set(reference)
+    # (a request short of KV blocks drafts fewer tokens: a prefix of the same chain)
+    assert len(common) > 0.8 * len(seen) and all(seen[key] == reference[key][:len(seen[key])] for key in common)
     if engine.get("num_kv_blocks") == 36:
         assert llm.engine.get_stats().num_preemptions > 0

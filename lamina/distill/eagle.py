@@ -1,0 +1,248 @@
+"""`lamina distill --method eagle`: an EAGLE-3 head (lamina/spec/eagle_head.py) trained on the target's outputs.
+
+The frozen target (HF transformers) runs once over windows of the data and, optionally, over its own greedy
+continuations of data prompts (--self-generated: what speculation meets); per position p it leaves the features
+f[p] (its residual stream entering the head's `aux_hidden_state_layers`: HF's hidden_states[i]) and its greedy
+token g[p] (its prediction for p + 1). The head trains with training-time test (lamina/distill/eagle_ttt.py):
+
+    step 0 at base p:   feed (x[p + 1], fc(f[p]))       label g[p + 1]     (x: the window's tokens)
+    step j >= 1:        feed (g[p + j], y_{j-1}[p])     label g[p + j + 1] (its own features, the tokens a
+                                                                            chain of accepted drafts feeds)
+    loss = sum_j 0.8^j CE(lm_head(out_j), label_j) / sum_j 0.8^j          (--ttt-steps steps)
+
+Evaluation: the top-1 agreement of each step with g, and the mean accepted length of a --ttt-steps chain (up to
+its first miss), on held-out windows and on the target's greedy continuations of held-out prompts.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from lamina.device import resolve_device
+from lamina.loader.hf_config import load_model_arch
+from lamina.spec.eagle_head import EagleHead, EagleHeadConfig, default_aux_layers, save_head
+
+from .checkpoint import count_parameters, load_teacher
+from .config import TrainConfig
+from .data import TokenData, eval_windows
+from .eagle_ttt import unroll
+from .medusa import ON_POLICY, greedy_continuations
+from .trainer import Trainer, _optimizer, apply_step, lr_at
+
+SUMMARY = "distill_summary.json"
+DECAY = 0.8  # EAGLE-3's weight of unroll step j: DECAY ** j
+
+
+@dataclass(frozen=True)
+class EagleFeatures:
+    """The target's view of W windows: features [W, L, 3H] (bf16, CPU), greedy [W, L], tokens [W, L + 1]."""
+
+    features: torch.Tensor
+    greedy: torch.Tensor
+    tokens: torch.Tensor
+
+    @property
+    def num_tokens(self) -> int:
+        return self.greedy.numel()
+
+
+@torch.no_grad()
+def collect(teacher: torch.nn.Module, windows: torch.Tensor, layers: list[int], batch_size: int,
+            progress: bool = False, desc: str = "target") -> EagleFeatures:
+    """Run the frozen target over ``windows`` [W, L + 1] (inputs: all but the last token)."""
+    device = next(teacher.parameters()).device
+    feats, greedy = [], []
+    for chunk in tqdm(windows.split(batch_size), desc=desc, disable=not progress, unit="batch", dynamic_ncols=True):
+        out = teacher(input_ids=chunk[:, :-1].to(device), output_hidden_states=True, use_cache=False)
+        feats.append(torch.cat([out.hidden_states[i] for i in layers], dim=-1).to("cpu", torch.bfloat16))
+        greedy.append(out.logits.argmax(dim=-1).cpu())
+    return EagleFeatures(torch.cat(feats), torch.cat(greedy), windows)
+
+
+def step_tokens(tokens: torch.Tensor, greedy: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """What each unroll step feeds at each base (module docstring): [B, L] each, 0 past the window."""
+    length = greedy.shape[1]
+    out = [tokens[:, 1:length + 1]]
+    for j in range(1, steps):
+        out.append(F.pad(greedy[:, j:], (0, j)))
+    return out
+
+
+def ttt_losses(head: EagleHead, embed: torch.nn.Module, lm_weight: torch.Tensor, batch: EagleFeatures,
+               steps: int, sample: int = 0, generator: torch.Generator | None = None
+               ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(weighted loss, each step's logits over its valid bases [B * (L - j - 1), V]). sample > 0: the loss of
+    each step reads that many random bases only (the LM head over the vocabulary is most of a step's cost)."""
+    outs = unroll(head, embed, batch.features, step_tokens(batch.tokens, batch.greedy, steps))
+    length, hidden = batch.greedy.shape[1], batch.features.shape[-1] // len(head.cfg.aux_hidden_state_layers)
+    total, weights, logits = 0.0, 0.0, []
+    for j, out in enumerate(outs):
+        rows, labels = out[:, :length - j - 1].reshape(-1, hidden), batch.greedy[:, j + 1:].reshape(-1)
+        if 0 < sample < len(labels):
+            keep = torch.randperm(len(labels), generator=generator)[:sample].to(labels.device)
+            rows, labels = rows[keep], labels[keep]
+        step_logits = F.linear(rows, lm_weight)
+        ce = F.cross_entropy(step_logits.float(), labels)
+        total, weights = total + DECAY ** j * ce, weights + DECAY ** j
+        logits.append(step_logits)
+    return total / weights, logits
+
+
+class EagleTrainer(Trainer):
+    """The student Trainer's loop (schedule, time budget, curve) over the head; a step draws ``batch_size``
+    random windows of the cached features."""
+
+    def __init__(self, head: EagleHead, embed: torch.nn.Module, lm_weight: torch.Tensor, data: EagleFeatures,
+                 cfg: TrainConfig, steps: int, loss_positions: int = 0):
+        self.cfg, self.compiled, self.ttt_steps, self.loss_positions = cfg, False, steps, loss_positions
+        self.device = resolve_device(cfg.device)
+        self.student = head.to(self.device).train()
+        self.embed = embed.to(self.device)
+        self.lm_weight = lm_weight.detach().to(self.device, torch.float32)
+        self.data = data
+        self.optimizer = _optimizer(self.student, cfg, self.device)
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+
+    def step(self, step: int, total: int) -> torch.Tensor:
+        """One optimizer step; returns the detached ``[total, 0, ce]`` losses (no KL term)."""
+        rows = torch.randint(0, len(self.data.greedy), (self.cfg.batch_size,), generator=self.generator)
+        batch = EagleFeatures(self.data.features[rows].to(self.device, torch.float32),
+                              self.data.greedy[rows].to(self.device), self.data.tokens[rows].to(self.device))
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(step, total, self.cfg)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16):  # bf16 matmuls on CPU too (AVX512-BF16)
+            loss, _ = ttt_losses(self.student, self.embed, self.lm_weight, batch, self.ttt_steps, self.loss_positions,
+                                 self.generator)
+        return apply_step((loss, torch.zeros_like(loss), loss), self.student, self.optimizer, self.cfg.grad_clip)
+
+
+@torch.no_grad()
+def head_accuracy(head: EagleHead, embed: torch.nn.Module, lm_weight: torch.Tensor, data: EagleFeatures,
+                  steps: int, start: int = 0, batch_size: int = 8) -> dict:
+    """Top-1 agreement of each unroll step with the target's greedy token at bases p >= ``start``, and the mean
+    accepted length of a chain of ``steps`` drafts (up to its first miss, bases where every step has a label)."""
+    hits, counts, accepted = [0] * steps, [0] * steps, []
+    device = lm_weight.device
+    for rows in torch.arange(len(data.greedy)).split(batch_size):
+        batch = EagleFeatures(data.features[rows].to(device, torch.float32), data.greedy[rows].to(device),
+                              data.tokens[rows].to(device))
+        _, logits = ttt_losses(head, embed, lm_weight, batch, steps)
+        length, match = batch.greedy.shape[1], []
+        for j, step_logits in enumerate(logits):
+            right = (step_logits.argmax(-1).view(len(rows), -1) == batch.greedy[:, j + 1:])[:, start:]
+            hits[j], counts[j] = hits[j] + int(right.sum()), counts[j] + right.numel()
+            match.append(right[:, :length - start - steps].long())
+        accepted.append(torch.stack(match).cumprod(dim=0).sum(dim=0).flatten().cpu())
+    chain = torch.cat(accepted).float()
+    return {"positions": counts[0], "top1": [round(h / max(c, 1), 4) for h, c in zip(hits, counts)],
+            "mean_accepted": round(float(chain.mean()), 4),
+            "accepted_hist": [round(float((chain == n).float().mean()), 4) for n in range(steps + 1)]}
+
+
+def continuations(teacher_dir: str, tokens: np.ndarray, prompts: int, length: int, seed: int = 0,
+                  device: str = "cpu") -> torch.Tensor:
+    """``prompts`` random prompts of ``length`` tokens of ``tokens``, each continued greedily by ``length``
+    tokens by the target run in lamina's own engine: [prompts, 2 * length]."""
+    from lamina import LLM, SamplingParams  # the engine: only for this option
+
+    gen = np.random.default_rng(seed)
+    starts = gen.integers(0, len(tokens) - length, prompts)
+    ids = [[int(t) for t in tokens[s:s + length]] for s in starts]
+    llm = LLM(teacher_dir, device=device, dtype="float32", max_model_len=2 * length + 1, skip_tokenizer_init=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in ids],
+                        SamplingParams(temperature=0, max_tokens=length, ignore_eos=True), use_tqdm=False)
+    llm.engine.executor.shutdown()
+    return torch.tensor([p + list(o.outputs[0].token_ids) for p, o in zip(ids, outs)], dtype=torch.long)
+
+
+def head_config(teacher_dir: str, intermediate_size: int | None) -> EagleHeadConfig:
+    arch = load_model_arch(teacher_dir)
+    return EagleHeadConfig(arch.hidden_size, arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim,
+                           intermediate_size or arch.intermediate_size,
+                           tuple(default_aux_layers(arch.num_hidden_layers)), arch.rms_norm_eps, arch.rope_theta,
+                           arch.max_position_embeddings)
+
+
+def _train_set(teacher: torch.nn.Module, data: TokenData, layers: list[int], cfg: TrainConfig,
+               args: argparse.Namespace, show: bool) -> EagleFeatures:
+    """Data windows, plus the target's own greedy continuations of data prompts (--self-generated)."""
+    sets = [collect(teacher, eval_windows(data.train, cfg.seq_len, args.train_tokens), layers, cfg.batch_size,
+                    show, "target over train.bin")]
+    if args.self_generated > 0:
+        length = cfg.seq_len // 2
+        prompts = -(-args.self_generated // length)
+        seqs = continuations(args.teacher, np.asarray(data.train), prompts, length + 1, args.seed + 1,
+                             str(resolve_device(cfg.device)))[:, :cfg.seq_len + 1]
+        sets.append(collect(teacher, seqs, layers, cfg.batch_size, show, "target over its own continuations"))
+    return EagleFeatures(*(torch.cat([getattr(s, f) for s in sets]) for f in ("features", "greedy", "tokens")))
+
+
+def run_eagle(args: argparse.Namespace, cfg: TrainConfig) -> int:
+    """`lamina distill --method eagle`: collect, train, save, evaluate, write distill_summary.json."""
+    for name in ("ttt_steps", "train_tokens"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"{name} must be >= 1 with --method eagle, got {getattr(args, name)}")
+    device = resolve_device(cfg.device)
+    data = TokenData.load(args.data)
+    teacher = load_teacher(args.teacher, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    embed, lm_weight = teacher.get_input_embeddings(), teacher.get_output_embeddings().weight
+    if data.vocab_size > lm_weight.shape[0]:
+        raise ValueError(f"data: vocab_size {data.vocab_size} exceeds the teacher's {lm_weight.shape[0]}")
+    hcfg = head_config(args.teacher, args.head_intermediate_size)
+    if cfg.seq_len + args.ttt_steps > hcfg.max_position_embeddings:
+        raise ValueError(f"seq_len {cfg.seq_len} + ttt_steps exceeds the teacher's max_position_embeddings "
+                         f"{hcfg.max_position_embeddings}")
+    layers, show, start = list(hcfg.aux_hidden_state_layers), not args.no_progress, time.perf_counter()
+    train = _train_set(teacher, data, layers, cfg, args, show)
+    collect_s = time.perf_counter() - start
+    torch.manual_seed(cfg.seed)
+    head = EagleHead(hcfg).requires_grad_(True)
+    if args.init_from:  # go on training a head directory (same target, same shapes)
+        from lamina.spec.eagle import load_head
+        head.load_state_dict(load_head(args.init_from)[0].float().state_dict())
+    print(f"EAGLE head {count_parameters(head):,} params over layers {layers}; target "
+          f"{count_parameters(teacher):,} params; {train.num_tokens:,} positions cached in {collect_s:.0f}s",
+          flush=True)
+    result = EagleTrainer(head, embed, lm_weight, train, cfg, args.ttt_steps, args.loss_positions).run(progress=show)
+    head.eval()
+    save_head(head, args.out, lm_weight.shape[0], args.teacher, torch.bfloat16, target_num_hidden_layers=len(
+        getattr(teacher.model, "layers", [])) or None)
+    summary = {"date": time.strftime("%Y-%m-%d"), "method": "eagle",
+               "options": {k: v for k, v in vars(args).items() if k != "func"},
+               "head_params": count_parameters(head), "teacher_params": count_parameters(teacher),
+               "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+               "train": {"positions_cached": train.num_tokens, "collect_seconds": round(collect_s, 1),
+                         "steps": result.steps, "seconds": round(result.seconds, 1),
+                         "final_loss": result.final_loss},
+               "curve": [list(point) for point in result.curve],
+               "eval": evaluate_head(head, teacher, data, layers, cfg.seq_len, args)}
+    Path(args.out, SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps({"train": summary["train"], "eval": summary["eval"]}, indent=2), flush=True)
+    return 0
+
+
+def evaluate_head(head: EagleHead, teacher: torch.nn.Module, data: TokenData, layers: list[int], seq_len: int,
+                  args: argparse.Namespace) -> dict:
+    """Held-out (teacher-forced) and on-policy (the target's greedy continuations) agreement with the target."""
+    lm_weight = teacher.get_output_embeddings().weight.float()
+    head, embed = head.to(lm_weight.device).float(), teacher.get_input_embeddings()
+    out: dict = {}
+    if args.eval_tokens > 0:
+        held = collect(teacher, eval_windows(data.heldout, seq_len, args.eval_tokens), layers, args.batch_size)
+        out["heldout"] = head_accuracy(head, embed, lm_weight, held, args.ttt_steps)
+    if args.agreement_positions > 0:
+        limit = getattr(teacher.config, "max_position_embeddings", None) or 2 * ON_POLICY
+        length = min(ON_POLICY, limit // 2)
+        prompts = max(1, -(-args.agreement_positions // length))
+        seqs = greedy_continuations(teacher, np.asarray(data.heldout), prompts, length, args.seed)
+        out["on_policy"] = head_accuracy(head, embed, lm_weight, collect(teacher, seqs, layers, args.batch_size),
+                                         args.ttt_steps, length - 1)
+    return out

@@ -1,0 +1,101 @@
+"""`lamina distill --method eagle` on a tiny target trained on a counting stream (CPU, a few steps), and the
+training-time-test unroll's attention (each chain sees its verified prefix and its own drafts, nothing else)."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from lamina.distill.checkpoint import build_model, save_checkpoint  # noqa: E402
+from lamina.distill.cli import register  # noqa: E402
+from lamina.distill.config import TrainConfig  # noqa: E402
+from lamina.distill.data import TokenData, write_token_data  # noqa: E402
+from lamina.distill.eagle_ttt import unroll  # noqa: E402
+from lamina.distill.trainer import Trainer  # noqa: E402
+from lamina.loader.hf_config import load_model_arch  # noqa: E402
+from lamina.loader.model_loader import load_model  # noqa: E402
+from lamina.spec.eagle import EagleProposer, Feed  # noqa: E402
+from lamina.spec.eagle_head import EagleHead, EagleHeadConfig  # noqa: E402
+from lamina.spec.model_proposer import DraftRequest  # noqa: E402
+from tests.distill.test_distill import TINY, VOCAB, _stream  # noqa: E402
+
+SEQ = 32
+TARGET = {**TINY, "num_hidden_layers": 4}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data directory and a 4-layer target that has learnt to count."""
+    root = tmp_path_factory.mktemp("eagle")
+    write_token_data(root / "data", _stream(20_000, 0), _stream(3_000, 1), VOCAB, 0)
+    target = build_model(TARGET, VOCAB, seed=0)
+    cfg = TrainConfig(steps=60, batch_size=8, seq_len=SEQ, lr=1e-2, warmup_steps=5, kl_weight=0.0, ce_weight=1.0,
+                      device="cpu", log_every=10)
+    Trainer(target, None, TokenData.load(root / "data").train, cfg).run(progress=False)
+    save_checkpoint(target.eval(), root / "target", None, eos_token_ids=[0])
+    return root
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="lamina")
+    register(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(argv)
+
+
+def test_a_chain_sees_its_prefix_and_its_own_drafts_only() -> None:
+    """Changing the features / tokens at positions after base p changes no output of base p at any step."""
+    torch.manual_seed(0)
+    cfg = EagleHeadConfig(32, 2, 1, 16, 64, (0, 1, 2), max_position_embeddings=64)
+    head, embed = EagleHead(cfg), torch.nn.Embedding(VOCAB, 32)
+    feats, tokens = torch.randn(1, 12, 96), [torch.randint(0, VOCAB, (1, 12)) for _ in range(3)]
+    outs = unroll(head, embed, feats, tokens)
+    feats2, tokens2 = feats.clone(), [t.clone() for t in tokens]
+    feats2[:, 6:] += 1.0
+    for t in tokens2:
+        t[:, 6:] = (t[:, 6:] + 1) % VOCAB
+    outs2 = unroll(head, embed, feats2, tokens2)
+    for a, b in zip(outs, outs2):
+        torch.testing.assert_close(a[:, :6], b[:, :6])
+        assert not torch.allclose(a[:, 6:], b[:, 6:])
+    # a later step depends on the step before it (its own features), not only on step 0
+    tokens3 = [tokens[0], tokens[1], tokens[2]]
+    feats3 = feats.clone()
+    feats3[:, 3] += 1.0
+    assert not torch.allclose(unroll(head, embed, feats3, tokens3)[2][:, 3], outs[2][:, 3])
+
+
+def test_eagle_cli_lowers_the_loss_and_writes_a_loadable_head(workdir: Path) -> None:
+    out = workdir / "head"
+    args = _parse([
+        "distill", "--method", "eagle", "--teacher", str(workdir / "target"), "--data", str(workdir / "data"),
+        "--out", str(out), "--ttt-steps", "2", "--steps", "60", "--batch-size", "8", "--seq-len", str(SEQ),
+        "--train-tokens", "8000", "--lr", "1e-2", "--warmup-steps", "5", "--log-every", "10",
+        "--eval-tokens", "1000", "--agreement-positions", "0", "--device", "cpu", "--no-progress",
+    ])
+    assert args.func(args) == 0
+    summary = json.loads((out / "distill_summary.json").read_text())
+    curve = summary["curve"]
+    assert curve[-1][2] < 0.5 * curve[0][2]
+    held = summary["eval"]["heldout"]
+    assert len(held["top1"]) == 2 and held["top1"][0] > 0.6 and held["mean_accepted"] > 0.6
+    config = json.loads((out / "config.json").read_text())
+    assert config["aux_hidden_state_layers"] == [2, 2, 1] and config["hidden_size"] == TINY["hidden_size"]
+    target = load_model(str(workdir / "target"), load_model_arch(str(workdir / "target")), torch.float32, "cpu")
+    proposer = EagleProposer(str(out), target, torch.float32, "cpu")
+    proposer.bind_cache(8, 16)
+    tokens = [3, 4, 5, 6, 7, 8]
+    drafts = proposer.propose_fed([Feed("a", tokens, [1], 0, 5, 0)], [DraftRequest("a", tokens, [1], 3)],
+                                  torch.randn(5, 3 * TINY["hidden_size"]))
+    assert len(drafts[0]) == 3
+
+
+def test_bad_options_are_value_errors(workdir: Path) -> None:
+    args = _parse(["distill", "--method", "eagle", "--teacher", str(workdir / "target"), "--data",
+                   str(workdir / "data"), "--out", str(workdir / "x"), "--ttt-steps", "0", "--device", "cpu"])
+    with pytest.raises(ValueError, match="ttt_steps"):
+        args.func(args)
