@@ -15,14 +15,21 @@
 #         w4-sweep       lamina.bench.w4_sweep (lamina serve per scheduler setting, bench serve at 8, 32, inf req/s)
 #         startup        lamina.bench.startup, cold (empty Triton cache) then warm, Qwen3-0.6B and Llama-3-8B
 #         quant-speed    lamina.bench.quant_speed (W4A16 / W8A16 kernels and 8B-shape decode vs bf16, issue #13)
+#         quant-speed-quick   the same, the int4 GEMV default config only, GEMMs timed for the first 60 s
 #         spec-ngram     lamina.bench.spec, n-gram adaptive vs k fixed vs off (issue #12)
 #         spec           lamina.bench.spec, every method (issue #12)
 #         quant-w8a8     scripts/quant_w8a8_gpu_check.py (int8 / fp8 GEMMs, W8A8 layers and demo models vs reference)
+#         w8a8-speed     lamina.bench.w8a8_speed (8B shape: fp8 / int8 W8A8 vs bf16, 4k-token prefill and W1)
+#         spec-eagle     lamina.bench.spec, eagle / draft_model / n-gram, batch 1 sets + batch 1, 8, 128
+#         spec-check     scripts/spec_gpu_check.py (rejection sampler on CUDA, greedy identity of every method)
+#         eagle-train    the demo EAGLE head trained on the H200 (scripts/demo_model/eagle_device.sh) into
+#                        $OUT/demo-eagle-gpu, copied over lamina/assets/demo-eagle when it beats the shipped one
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 status=0
+EAGLE_SHIPPED=${EAGLE_SHIPPED:-0.7725}  # on-policy mean accepted length of the shipped demo EAGLE head (its README)
 
 run() {  # run NAME CMD...: tee the output to $OUT/NAME.log, remember a failure
     local name=$1
@@ -62,10 +69,18 @@ for step in "$@"; do
                 done
             done ;;
         quant-speed) run quant-speed python -m lamina.bench.quant_speed ;;
+        quant-speed-quick) run quant-speed python -m lamina.bench.quant_speed --no-sweep --budget-s 60 ;;
         spec-ngram) run spec-ngram python -m lamina.bench.spec --methods ngram,ngram-fixed --new-tokens 256 \
                         --batch-sizes 1,8,128 --repeats 2 --result-file "$OUT/spec-ngram.json" ;;
         spec) run spec python -m lamina.bench.spec --methods ngram,ngram-fixed,draft_model,eagle,medusa,early_exit \
                   --new-tokens 256 --batch-sizes 1,8,32,128 --repeats 3 --result-file "$OUT/spec.json" ;;
+        w8a8-speed) run w8a8-speed python -m lamina.bench.w8a8_speed --result-file "$OUT/w8a8-speed.json" ;;
+        spec-eagle) run spec-eagle python -m lamina.bench.spec --methods eagle,draft_model,ngram,ngram-fixed \
+                        --new-tokens 256 --batch-sizes 1,8,128 --repeats 2 --result-file "$OUT/spec-eagle.json" ;;
+        spec-check) run spec-check python scripts/spec_gpu_check.py --result-file "$OUT/spec-check.json" ;;
+        eagle-train)
+            run eagle-data env PYTHONPATH=. python scripts/demo_model/medusa_data.py --out /tmp/medusa-data
+            run eagle-train env OUT="$OUT" bash scripts/demo_model/eagle_device.sh /tmp/medusa-data "$EAGLE_SHIPPED" ;;
         quant-w8a8) run quant-w8a8 python scripts/quant_w8a8_gpu_check.py --result-file "$OUT/quant-w8a8.json" ;;
         *) echo "unknown step: $step"; status=2 ;;
     esac

@@ -14,10 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 from scipy.stats import chisquare
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lamina import DEMO_MODEL, LLM, SamplingParams
 from lamina.bench.spec import PROMPT_SETS, spec_config
 from lamina.layers.rejection_sampler import RejectionSampler
