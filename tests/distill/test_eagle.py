@@ -2,7 +2,6 @@
 training-time-test unroll's attention (each chain sees its verified prefix and its own drafts, nothing else)."""
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -11,18 +10,14 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from lamina.distill.checkpoint import build_model, save_checkpoint  # noqa: E402
-from lamina.distill.cli import register  # noqa: E402
-from lamina.distill.config import TrainConfig  # noqa: E402
-from lamina.distill.data import TokenData, write_token_data  # noqa: E402
 from lamina.distill.eagle_ttt import unroll  # noqa: E402
-from lamina.distill.trainer import Trainer  # noqa: E402
 from lamina.loader.hf_config import load_model_arch  # noqa: E402
 from lamina.loader.model_loader import load_model  # noqa: E402
 from lamina.spec.eagle import EagleProposer, Feed  # noqa: E402
 from lamina.spec.eagle_head import EagleHead, EagleHeadConfig  # noqa: E402
 from lamina.spec.model_proposer import DraftRequest  # noqa: E402
-from tests.distill.test_distill import TINY, VOCAB, _stream  # noqa: E402
+from tests.distill.counting import counting_workdir, parse_distill  # noqa: E402
+from tests.distill.test_distill import TINY, VOCAB  # noqa: E402
 
 SEQ = 32
 TARGET = {**TINY, "num_hidden_layers": 4}
@@ -31,20 +26,7 @@ TARGET = {**TINY, "num_hidden_layers": 4}
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A data directory and a 4-layer target that has learnt to count."""
-    root = tmp_path_factory.mktemp("eagle")
-    write_token_data(root / "data", _stream(20_000, 0), _stream(3_000, 1), VOCAB, 0)
-    target = build_model(TARGET, VOCAB, seed=0)
-    cfg = TrainConfig(steps=60, batch_size=8, seq_len=SEQ, lr=1e-2, warmup_steps=5, kl_weight=0.0, ce_weight=1.0,
-                      device="cpu", log_every=10)
-    Trainer(target, None, TokenData.load(root / "data").train, cfg).run(progress=False)
-    save_checkpoint(target.eval(), root / "target", None, eos_token_ids=[0])
-    return root
-
-
-def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="lamina")
-    register(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(argv)
+    return counting_workdir(tmp_path_factory.mktemp("eagle"), TARGET, SEQ)
 
 
 def test_a_chain_sees_its_prefix_and_its_own_drafts_only() -> None:
@@ -71,7 +53,7 @@ def test_a_chain_sees_its_prefix_and_its_own_drafts_only() -> None:
 
 def test_eagle_cli_lowers_the_loss_and_writes_a_loadable_head(workdir: Path) -> None:
     out = workdir / "head"
-    args = _parse([
+    args = parse_distill([
         "distill", "--method", "eagle", "--teacher", str(workdir / "target"), "--data", str(workdir / "data"),
         "--out", str(out), "--ttt-steps", "2", "--steps", "60", "--batch-size", "8", "--seq-len", str(SEQ),
         "--train-tokens", "8000", "--lr", "1e-2", "--warmup-steps", "5", "--log-every", "10",
@@ -95,7 +77,7 @@ def test_eagle_cli_lowers_the_loss_and_writes_a_loadable_head(workdir: Path) -> 
 
 
 def test_bad_options_are_value_errors(workdir: Path) -> None:
-    args = _parse(["distill", "--method", "eagle", "--teacher", str(workdir / "target"), "--data",
-                   str(workdir / "data"), "--out", str(workdir / "x"), "--ttt-steps", "0", "--device", "cpu"])
+    args = parse_distill(["distill", "--method", "eagle", "--teacher", str(workdir / "target"), "--data",
+                          str(workdir / "data"), "--out", str(workdir / "x"), "--ttt-steps", "0", "--device", "cpu"])
     with pytest.raises(ValueError, match="ttt_steps"):
         args.func(args)

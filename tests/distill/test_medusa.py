@@ -1,7 +1,6 @@
 """`lamina distill --method medusa` on a tiny target trained on a counting stream, CPU, a few steps."""
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -10,17 +9,15 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from lamina.distill.checkpoint import build_model, save_checkpoint  # noqa: E402
-from lamina.distill.cli import register  # noqa: E402
 from lamina.distill.config import TrainConfig  # noqa: E402
-from lamina.distill.data import TokenData, eval_windows, write_token_data  # noqa: E402
+from lamina.distill.data import TokenData, eval_windows  # noqa: E402
 from lamina.distill.medusa import collect, head_accuracy, head_losses  # noqa: E402
-from lamina.distill.trainer import Trainer  # noqa: E402
 from lamina.loader.hf_config import load_model_arch  # noqa: E402
 from lamina.loader.model_loader import load_model  # noqa: E402
 from lamina.spec.medusa import MedusaHeads, MedusaProposer  # noqa: E402
 from lamina.spec.model_proposer import DraftRequest  # noqa: E402
-from tests.distill.test_distill import TINY, VOCAB, _stream  # noqa: E402
+from tests.distill.counting import counting_workdir, parse_distill  # noqa: E402
+from tests.distill.test_distill import TINY  # noqa: E402
 
 SEQ = 32
 
@@ -28,20 +25,7 @@ SEQ = 32
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A data directory and a target that has learnt to count (so its greedy tokens are predictable)."""
-    root = tmp_path_factory.mktemp("medusa")
-    write_token_data(root / "data", _stream(20_000, 0), _stream(3_000, 1), VOCAB, 0)
-    target = build_model(TINY, VOCAB, seed=0)
-    cfg = TrainConfig(steps=60, batch_size=8, seq_len=SEQ, lr=1e-2, warmup_steps=5, kl_weight=0.0, ce_weight=1.0,
-                      device="cpu", log_every=10)
-    Trainer(target, None, TokenData.load(root / "data").train, cfg).run(progress=False)
-    save_checkpoint(target.eval(), root / "target", None, eos_token_ids=[0])
-    return root
-
-
-def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="lamina")
-    register(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(argv)
+    return counting_workdir(tmp_path_factory.mktemp("medusa"), TINY, SEQ)
 
 
 def test_head_losses_start_at_the_base_guess_and_cover_every_head(workdir: Path) -> None:
@@ -58,7 +42,7 @@ def test_head_losses_start_at_the_base_guess_and_cover_every_head(workdir: Path)
 
 def test_medusa_cli_lowers_the_loss_and_writes_a_loadable_directory(workdir: Path) -> None:
     out = workdir / "heads"
-    args = _parse([
+    args = parse_distill([
         "distill", "--method", "medusa", "--teacher", str(workdir / "target"), "--data", str(workdir / "data"),
         "--out", str(out), "--num-heads", "3", "--steps", "60", "--batch-size", "8", "--seq-len", str(SEQ),
         "--train-tokens", "8000", "--lr", "1e-2", "--warmup-steps", "5", "--log-every", "10",
@@ -81,15 +65,15 @@ def test_medusa_cli_lowers_the_loss_and_writes_a_loadable_directory(workdir: Pat
 
 
 def test_student_config_is_still_required_for_a_draft_model(workdir: Path) -> None:
-    args = _parse(["distill", "--teacher", str(workdir / "target"), "--data", str(workdir / "data"),
-                   "--out", str(workdir / "x"), "--device", "cpu"])
+    args = parse_distill(["distill", "--teacher", str(workdir / "target"), "--data", str(workdir / "data"),
+                          "--out", str(workdir / "x"), "--device", "cpu"])
     assert args.method == "draft_model"
     with pytest.raises(ValueError, match="--student-config"):
         args.func(args)
 
 
 def test_medusa_options_are_validated(workdir: Path) -> None:
-    args = _parse(["distill", "--method", "medusa", "--teacher", str(workdir / "target"), "--data",
-                   str(workdir / "data"), "--out", str(workdir / "y"), "--num-heads", "0", "--device", "cpu"])
+    args = parse_distill(["distill", "--method", "medusa", "--teacher", str(workdir / "target"), "--data",
+                          str(workdir / "data"), "--out", str(workdir / "y"), "--num-heads", "0", "--device", "cpu"])
     with pytest.raises(ValueError, match="num_heads"):
         args.func(args)
