@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from lamina.engine import spec_policy_scalar as scalar
 from lamina.engine.request import Request
 from lamina.engine.step_cost import StepCostModel
 from lamina.step import SchedulerOutput
@@ -76,8 +77,11 @@ class SpecPolicy:
         return (rows[:, 0] * factor + weight * self.prior()) / (rows[:, 1] * factor + weight)
 
     def alpha(self, request_id: str) -> float:
-        """One request's acceptance rate (the prior when it has no verify yet)."""
-        return float(self.alphas([request_id])[0])
+        """One request's acceptance rate (the prior when it has no verify yet): `alphas` for one, without numpy."""
+        slot = self._slot.get(request_id)
+        accepted, trials, last = self._counts[slot].tolist() if slot is not None else (0.0, 0.0, 0.0)
+        factor = self.decay ** (self.steps - last)
+        return (accepted * factor + self.prior_weight * self.prior()) / (trials * factor + self.prior_weight)
 
     def observe_verify(self, request_id: str, num_drafts: int, num_accepted: int) -> None:
         """One verify: see observe_verifies."""
@@ -175,20 +179,44 @@ class SpecPolicy:
         that beats no drafts by min_gain. base_tokens: the step's tokens without drafts (default: one a
         request). drafting_cost=False when the drafts are proposed already (their host time is spent)."""
         n = len(request_ids)
-        caps_ = np.asarray(caps, dtype=np.int64).reshape(n)
-        eligible = np.flatnonzero(caps_ > 0)
-        limits = np.zeros(n, dtype=np.int64)
-        if not len(eligible):
-            return limits.tolist()
+        caps = [int(c) for c in caps]
+        if not any(c > 0 for c in caps):
+            return [0] * n
         base = n if base_tokens is None else max(int(base_tokens), n)
         base = base if self.max_step_tokens is None else max(min(base, self.max_step_tokens), 1)
+        draft_s = self._draft_seconds if drafting_cost else 0.0
+        bar = (1 + self.min_gain) * n / float(self.cost.cost(base))
+        if n <= scalar.SCALAR_MAX_REQUESTS:
+            return self._limits_scalar(request_ids, caps, base, draft_s, bar)
+        return self._limits_numpy(request_ids, caps, base, draft_s, bar)
+
+    def _limits_scalar(self, request_ids: Sequence[str], caps: list[int], base: int, draft_s: float,
+                       bar: float) -> list[int]:
+        """draft_limits for a few requests, in plain Python (lamina/engine/spec_policy_scalar.py)."""
+        n, eligible = len(caps), [i for i, c in enumerate(caps) if c > 0]
+        alphas, sub = [self.alpha(request_ids[i]) for i in eligible], [caps[i] for i in eligible]
+        if base == n and self._graph_q(n, 1):
+            depth = scalar.uniform_depth(alphas, sub, n, draft_s, bar, self._graph_q, self.cost.cost)
+            chosen = [min(c, depth) for c in sub]
+        else:
+            chosen = scalar.greedy_limits(alphas, sub, n, base, draft_s, bar, self.cost.cost)
+        limits = [0] * n
+        for i, k in zip(eligible, chosen):
+            limits[i] = k
+        return limits
+
+    def _limits_numpy(self, request_ids: Sequence[str], caps: list[int], base: int, draft_s: float,
+                      bar: float) -> list[int]:
+        """draft_limits over arrays: the path for many requests."""
+        n = len(caps)
+        caps_ = np.asarray(caps, dtype=np.int64)
+        eligible = np.flatnonzero(caps_ > 0)
+        limits = np.zeros(n, dtype=np.int64)
         alphas = self.alphas([request_ids[i] for i in eligible])
         sub = caps_[eligible]
         depth = np.arange(1, int(sub.max()) + 1)
         allowed = depth[None, :] <= sub[:, None]
         gains = np.where(allowed, alphas[:, None] ** depth[None, :], 0.0)
-        draft_s = self._draft_seconds if drafting_cost else 0.0
-        bar = (1 + self.min_gain) * n / float(self.cost.cost(base))
         if base == n and self._graph_q(n, 1):
             limits[eligible] = self._uniform(gains, sub, n, draft_s, bar)
         else:

@@ -8,6 +8,7 @@ import pytest
 from lamina.engine import drafts
 from lamina.engine.request import Request
 from lamina.engine.spec_policy import SpecPolicy, expected_accepted
+from lamina.engine.spec_policy_scalar import SCALAR_MAX_REQUESTS
 from lamina.engine.step_cost import StepCostModel
 from lamina.sampling_params import SamplingParams
 from lamina.spec.ngram import NgramProposer
@@ -293,3 +294,33 @@ def test_draft_limits_is_cheap_at_256_requests() -> None:
     for _ in range(20):
         policy.draft_limits(ids, [7] * 256)
     assert (time.perf_counter() - start) / 20 < 0.005
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_scalar_path_chooses_as_the_numpy_path(graphs: bool) -> None:
+    """Up to SCALAR_MAX_REQUESTS requests draft_limits runs in plain Python (spec_policy_scalar.py); on random
+    acceptance histories, cost curves, caps and step sizes it makes the numpy path's choice every time."""
+    rng = np.random.default_rng(0)
+    differ, drafting = 0, 0
+    for trial in range(400):
+        policy = SpecPolicy(graph_query_lens=(1, 4, 8) if graphs else (), graph_max_rows=64 if graphs else 0)
+        per_token = rng.uniform(1e-6, 4e-5)
+        for t in rng.integers(1, 400, size=int(rng.integers(0, 12))):
+            policy.observe_step(int(t), 3e-4 + per_token * int(t) * rng.lognormal(0, 0.2))
+        n = int(rng.integers(1, SCALAR_MAX_REQUESTS + 1))
+        ids = [f"t{trial}r{i}" for i in range(n)]
+        for _ in range(int(rng.integers(0, 6))):
+            drafted = rng.integers(0, 4, size=n)
+            policy.observe_verifies(ids, drafted.tolist(), rng.integers(0, 4, size=n).tolist())
+            policy.steps += int(rng.integers(0, 3))
+        caps = rng.integers(0, 8, size=n).tolist()
+        if not any(caps):
+            continue
+        base = n if graphs and rng.random() < 0.7 else n + int(rng.integers(0, 64))
+        draft_s = float(rng.choice([0.0, 1e-5, 1e-4]))
+        bar = (1 + policy.min_gain) * n / float(policy.cost.cost(base))
+        fast = policy._limits_scalar(ids, caps, base, draft_s, bar)
+        slow = policy._limits_numpy(ids, caps, base, draft_s, bar)
+        differ += fast != slow
+        drafting += any(slow)
+    assert differ == 0 and drafting > 50  # and the cases are not all "no drafts"
