@@ -46,7 +46,7 @@ class RepackedWNA16Method(WNA16LinearMethod):
     def create_weights(self, layer: Any, input_size: int, output_sizes: list[int],
                        params_dtype: torch.dtype) -> None:
         if getattr(layer, "tp_size", 1) > 1:
-            raise NotImplementedError("quantized layers under tensor parallelism arrive with lamina.distributed")
+            raise NotImplementedError("tensor_parallel_size > 1 with a quantized checkpoint is not supported yet")
         self.input_size, self.output_sizes = input_size, list(output_sizes)
         groups = self.args.num_groups(input_size, type(layer).__name__)
         per_word = 32 // self.args.num_bits

@@ -121,7 +121,7 @@ class W8A8LinearMethod(QuantMethod):
     def create_weights(self, layer: Any, input_size: int, output_sizes: list[int],
                        params_dtype: torch.dtype) -> None:
         if getattr(layer, "tp_size", 1) > 1:
-            raise NotImplementedError("quantized layers under tensor parallelism arrive with lamina.distributed")
+            raise NotImplementedError("tensor_parallel_size > 1 with a quantized checkpoint is not supported yet")
         self.output_sizes = list(output_sizes)
         rows = sum(output_sizes)
         for name, data, attrs in (("weight", torch.zeros(rows, input_size, dtype=self.weight_dtype),
