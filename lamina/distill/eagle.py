@@ -189,7 +189,7 @@ def run_eagle(args: argparse.Namespace, cfg: TrainConfig) -> int:
     """`lamina distill --method eagle`: collect, train, save, evaluate, write distill_summary.json."""
     for name in ("ttt_steps", "train_tokens"):
         if getattr(args, name) < 1:
-            raise ValueError(f"{name} must be >= 1 with --method eagle, got {getattr(args, name)}")
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1 with --method eagle, got {getattr(args, name)}")
     device = resolve_device(cfg.device)
     data = TokenData.load(args.data)
     teacher = load_teacher(args.teacher, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
@@ -198,8 +198,8 @@ def run_eagle(args: argparse.Namespace, cfg: TrainConfig) -> int:
         raise ValueError(f"data: vocab_size {data.vocab_size} exceeds the teacher's {lm_weight.shape[0]}")
     hcfg = head_config(args.teacher, args.head_intermediate_size)
     if cfg.seq_len + args.ttt_steps > hcfg.max_position_embeddings:
-        raise ValueError(f"seq_len {cfg.seq_len} + ttt_steps exceeds the teacher's max_position_embeddings "
-                         f"{hcfg.max_position_embeddings}")
+        raise ValueError(f"--seq-len {cfg.seq_len} + --ttt-steps {args.ttt_steps} exceeds the teacher's "
+                         f"max_position_embeddings {hcfg.max_position_embeddings}")
     layers, show, start = list(hcfg.aux_hidden_state_layers), not args.no_progress, time.perf_counter()
     train = _train_set(teacher, data, layers, cfg, args, show)
     collect_s = time.perf_counter() - start

@@ -79,5 +79,5 @@ def test_eagle_cli_lowers_the_loss_and_writes_a_loadable_head(workdir: Path) -> 
 def test_bad_options_are_value_errors(workdir: Path) -> None:
     args = parse_distill(["distill", "--method", "eagle", "--teacher", str(workdir / "target"), "--data",
                           str(workdir / "data"), "--out", str(workdir / "x"), "--ttt-steps", "0", "--device", "cpu"])
-    with pytest.raises(ValueError, match="ttt_steps"):
+    with pytest.raises(ValueError, match="--ttt-steps must be >= 1"):
         args.func(args)
