@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from .data import TokenData
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
@@ -28,6 +30,23 @@ def load_teacher(path: str | Path, device: torch.device, dtype: torch.dtype) -> 
     model = _transformers().AutoModelForCausalLM.from_pretrained(root, dtype=dtype)
     model.to(device).eval().requires_grad_(False)
     return model
+
+
+def teacher_and_data(args: Any, device: torch.device, method: str, positive: tuple[str, ...]
+                     ) -> tuple[TokenData, torch.nn.Module]:
+    """What head training (--method medusa / eagle) starts from: the options named in `positive` checked to be
+    >= 1, the token data, and the frozen teacher (bf16 on CUDA, float32 elsewhere) whose vocabulary holds the
+    data's."""
+    for name in positive:
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1 with --method {method}, "
+                             f"got {getattr(args, name)}")
+    data = TokenData.load(args.data)
+    teacher = load_teacher(args.teacher, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    vocab = teacher.get_output_embeddings().weight.shape[0]
+    if data.vocab_size > vocab:
+        raise ValueError(f"data: vocab_size {data.vocab_size} exceeds the teacher's {vocab}")
+    return data, teacher
 
 
 def student_config_dict(spec: str | Path) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from lamina.device import resolve_device
 from lamina.loader.hf_config import load_model_arch
 from lamina.spec.eagle_head import EagleHead, EagleHeadConfig, default_aux_layers, save_head
 
-from .checkpoint import count_parameters, load_teacher
+from .checkpoint import count_parameters, teacher_and_data
 from .config import TrainConfig
 from .data import TokenData, eval_windows
 from .eagle_ttt import unroll
@@ -187,15 +187,9 @@ def _train_set(teacher: torch.nn.Module, data: TokenData, layers: list[int], cfg
 
 def run_eagle(args: argparse.Namespace, cfg: TrainConfig) -> int:
     """`lamina distill --method eagle`: collect, train, save, evaluate, write distill_summary.json."""
-    for name in ("ttt_steps", "train_tokens"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1 with --method eagle, got {getattr(args, name)}")
     device = resolve_device(cfg.device)
-    data = TokenData.load(args.data)
-    teacher = load_teacher(args.teacher, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    data, teacher = teacher_and_data(args, device, "eagle", ("ttt_steps", "train_tokens"))
     embed, lm_weight = teacher.get_input_embeddings(), teacher.get_output_embeddings().weight
-    if data.vocab_size > lm_weight.shape[0]:
-        raise ValueError(f"data: vocab_size {data.vocab_size} exceeds the teacher's {lm_weight.shape[0]}")
     hcfg = head_config(args.teacher, args.head_intermediate_size)
     if cfg.seq_len + args.ttt_steps > hcfg.max_position_embeddings:
         raise ValueError(f"--seq-len {cfg.seq_len} + --ttt-steps {args.ttt_steps} exceeds the teacher's "

@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from lamina.device import resolve_device
 from lamina.spec.medusa import CONFIG, WEIGHTS, MedusaHeads
 
-from .checkpoint import count_parameters, load_teacher
+from .checkpoint import count_parameters, teacher_and_data
 from .config import TrainConfig
 from .data import TokenData, eval_windows
 from .losses import kl_to_teacher, next_token_ce
@@ -181,16 +181,10 @@ def save_heads(heads: MedusaHeads, out_dir: str | Path, base_model: str, vocab_s
 
 def run_medusa(args: argparse.Namespace, cfg: TrainConfig) -> int:
     """`lamina distill --method medusa`: collect, train, save, evaluate, write distill_summary.json."""
-    for name in ("num_heads", "train_tokens"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"{name} must be >= 1 with --method medusa, got {getattr(args, name)}")
     device = resolve_device(cfg.device)
-    data = TokenData.load(args.data)
-    teacher = load_teacher(args.teacher, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    data, teacher = teacher_and_data(args, device, "medusa", ("num_heads", "train_tokens"))
     lm_weight = teacher.get_output_embeddings().weight
     vocab, hidden_size = lm_weight.shape
-    if data.vocab_size > vocab:
-        raise ValueError(f"data: vocab_size {data.vocab_size} exceeds the teacher's {vocab}")
     limit = getattr(teacher.config, "max_position_embeddings", None) or cfg.seq_len
     if cfg.seq_len > limit:
         raise ValueError(f"seq_len {cfg.seq_len} exceeds the teacher's max_position_embeddings {limit}")

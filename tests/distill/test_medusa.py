@@ -75,5 +75,5 @@ def test_student_config_is_still_required_for_a_draft_model(workdir: Path) -> No
 def test_medusa_options_are_validated(workdir: Path) -> None:
     args = parse_distill(["distill", "--method", "medusa", "--teacher", str(workdir / "target"), "--data",
                           str(workdir / "data"), "--out", str(workdir / "y"), "--num-heads", "0", "--device", "cpu"])
-    with pytest.raises(ValueError, match="num_heads"):
+    with pytest.raises(ValueError, match="--num-heads must be >= 1"):
         args.func(args)
