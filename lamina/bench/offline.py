@@ -21,6 +21,7 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -236,14 +237,20 @@ def print_table(report: dict[str, Any]) -> None:
                                       for k, v in steps.items()))
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run_in_scratch(args: argparse.Namespace, run_fn: Callable[[argparse.Namespace, Path], dict[str, Any]],
+                   print_fn: Callable[[dict[str, Any]], None]) -> int:
+    """A GPU bench's main: run it in a scratch directory (its model config lives there), write --result-file,
+    print its table last."""
     with tempfile.TemporaryDirectory() as workdir:
-        report = run(args, Path(workdir))
+        report = run_fn(args, Path(workdir))
     if args.result_file:
         Path(args.result_file).write_text(json.dumps(report, indent=1))
-    print_table(report)
+    print_fn(report)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_in_scratch(parse_args(argv), run, print_table)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ import datetime
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,8 @@ from typing import Any
 import torch
 
 from lamina import LLM
-from lamina.bench.offline import (CEILING_BYTES_PER_S, SHAPES, decode_timing, release_memory, run_w1, w1_requests,
-                                  weight_bytes, write_config)
+from lamina.bench.offline import (CEILING_BYTES_PER_S, SHAPES, decode_timing, release_memory, run_in_scratch, run_w1,
+                                  w1_requests, weight_bytes, write_config)
 
 TP_SHAPES: dict[str, dict[str, Any]] = {
     **SHAPES,
@@ -122,13 +121,7 @@ def print_table(report: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    with tempfile.TemporaryDirectory() as workdir:
-        report = run(args, Path(workdir))
-    if args.result_file:
-        Path(args.result_file).write_text(json.dumps(report, indent=1))
-    print_table(report)
-    return 0
+    return run_in_scratch(parse_args(argv), run, print_table)
 
 
 if __name__ == "__main__":
