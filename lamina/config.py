@@ -104,6 +104,10 @@ class SchedulerConfig:
 SPEC_METHODS = ("ngram", "draft_model", "medusa", "early_exit", "eagle")
 MODEL_SPEC_METHODS = ("draft_model", "medusa", "eagle")  # the methods that read weights from `model`
 MAX_SPEC_TOKENS = 7  # a verify step computes 1 + k tokens a request; the paged decode kernel takes up to 8
+# num_speculative_tokens when not given: n-gram drafts cost nothing to make and a repeat runs on (H200, demo model,
+# batch 1, k fixed: 1.25-1.77x with 7 against 0.96-1.45x with 3); a network's drafts cost a step each
+DEFAULT_SPEC_TOKENS = {"ngram": 7}
+DEFAULT_MODEL_SPEC_TOKENS = 3
 
 
 @dataclass(frozen=True)
@@ -118,7 +122,7 @@ class SpeculativeConfig:
     features from three of its layers and the next token's embedding, drafting a chain with the target's LM head."""
 
     method: str = "ngram"
-    num_speculative_tokens: int = 3
+    num_speculative_tokens: int | None = None  # None: DEFAULT_SPEC_TOKENS of the method (7 for n-gram, else 3)
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
     model: str | None = None  # draft_model / medusa / eagle: the checkpoint directory
@@ -130,6 +134,9 @@ class SpeculativeConfig:
     def __post_init__(self) -> None:
         _require(self.method in SPEC_METHODS, "method",
                  f"must be one of {SPEC_METHODS} (the methods lamina has so far), got {self.method!r}")
+        if self.num_speculative_tokens is None:
+            object.__setattr__(self, "num_speculative_tokens",
+                               DEFAULT_SPEC_TOKENS.get(self.method, DEFAULT_MODEL_SPEC_TOKENS))
         k = self.num_speculative_tokens
         _require(_is_int(k) and 1 <= k <= MAX_SPEC_TOKENS, "num_speculative_tokens",
                  f"must be an integer in [1, {MAX_SPEC_TOKENS}], got {k!r}")
@@ -146,6 +153,13 @@ class SpeculativeConfig:
         exit_layer = self.exit_layer
         _require(exit_layer is None or (self.method == "early_exit" and _is_int(exit_layer) and exit_layer >= 1),
                  "exit_layer", f"must be None, or an integer >= 1 with method 'early_exit', got {exit_layer!r}")
+
+    @property
+    def verify_query_lens(self) -> tuple[int, ...]:
+        """The query lengths a request's rows are captured at in CUDA graphs: 1 (decode), 1 + k (k drafts) and,
+        for k > 3, 4 too, so that the adaptive policy may verify 3 drafts without padding every row to 1 + k."""
+        k = self.num_speculative_tokens
+        return (1, *sorted({1 + min(k, 3), 1 + k}))
 
     @classmethod
     def from_user(cls, value: object) -> SpeculativeConfig | None:

@@ -22,6 +22,9 @@
 #         w8a8-speed     lamina.bench.w8a8_speed (8B shape: fp8 / int8 W8A8 vs bf16, 4k-token prefill and W1)
 #         spec-eagle     lamina.bench.spec, eagle / draft_model / n-gram, batch 1 sets + batch 1, 8, 128
 #         spec-check     scripts/spec_gpu_check.py (rejection sampler on CUDA, greedy identity of every method)
+#         spec-graphs    lamina.bench.spec: n-gram (default k = 7 and k = 3, adaptive and fixed), EAGLE and the draft
+#                        model (drafting in CUDA graphs), batch 1 sets + batch 1, 8, 128
+#         spec-projection  lamina.bench.spec_projection --k 7 (Llama-3-8B shape: verify of 8 tokens vs decode)
 #         eagle-train    the demo EAGLE head trained on the H200 (scripts/demo_model/eagle_device.sh) into
 #                        $OUT/demo-eagle-gpu, copied over lamina/assets/demo-eagle when it beats the shipped one
 set -u
@@ -77,7 +80,13 @@ for step in "$@"; do
         w8a8-speed) run w8a8-speed python -m lamina.bench.w8a8_speed --result-file "$OUT/w8a8-speed.json" ;;
         spec-eagle) run spec-eagle python -m lamina.bench.spec --methods eagle,draft_model,ngram,ngram-fixed \
                         --new-tokens 256 --batch-sizes 1,8,128 --repeats 2 --result-file "$OUT/spec-eagle.json" ;;
-        spec-check) run spec-check python scripts/spec_gpu_check.py --result-file "$OUT/spec-check.json" ;;
+        spec-check) run spec-check python scripts/spec_gpu_check.py --result-file "$OUT/spec-check.json" \
+                        --methods ngram,ngram@3,draft_model,early_exit,eagle ;;
+        spec-graphs) run spec-graphs python -m lamina.bench.spec --new-tokens 256 --batch-sizes 1,8,128 --repeats 3 \
+                         --methods ngram,ngram-fixed,ngram@3,ngram-fixed@3,eagle,draft_model \
+                         --result-file "$OUT/spec-graphs.json" ;;
+        spec-projection) run spec-projection python -m lamina.bench.spec_projection --k 7 \
+                             --result-file "$OUT/spec-projection-k7.json" ;;
         eagle-train)
             run eagle-data env PYTHONPATH=. python scripts/demo_model/medusa_data.py --out /tmp/medusa-data
             run eagle-train env OUT="$OUT" bash scripts/demo_model/eagle_device.sh /tmp/medusa-data "$EAGLE_SHIPPED" ;;

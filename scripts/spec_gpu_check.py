@@ -54,7 +54,7 @@ def greedy_identity(methods: list[str], new_tokens: int) -> dict:
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     outputs = {}
     for label in ["off", *methods]:
-        config = None if label == "off" else spec_config(label, 3)
+        config = None if label == "off" else spec_config(label)
         llm = LLM(model=DEMO_MODEL, speculative_config=config, gpu_memory_utilization=0.6)
         outputs[label] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         llm.engine.check_integrity()

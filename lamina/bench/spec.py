@@ -1,6 +1,6 @@
 """Speculative decoding: each method against none, in one process, on CPU or GPU (issue #12).
 
-    python -m lamina.bench.spec [--model DIR] [--methods ngram,draft_model,medusa,early_exit,eagle] [--k 3]
+    python -m lamina.bench.spec [--model DIR] [--methods ngram,draft_model,medusa,early_exit,eagle] [--k K]
                                 [--new-tokens 128] [--batch-sizes 1,8,32] [--repeats 3] [--result-file out.json]
 
 Batch 1: three prompt sets kept apart (acceptance depends on the language and the task): Python code to
@@ -41,12 +41,17 @@ METHODS = ("ngram", "draft_model", "medusa", "early_exit", "eagle")
 FIXED = "-fixed"  # a label suffix: the method with the adaptive policy off
 
 
-def spec_config(label: str, k: int, draft_model: str = DEMO_DRAFT, medusa_model: str = DEMO_MEDUSA) -> dict:
+def spec_config(label: str, k: int | None = None, draft_model: str = DEMO_DRAFT,
+                medusa_model: str = DEMO_MEDUSA) -> dict:
     """The speculative_config of a bench label: a method, or METHOD-fixed for that method with k fixed (the
-    adaptive policy off: a tuned row)."""
+    adaptive policy off: a tuned row); either may end in @K for num_speculative_tokens K instead of `k` (None:
+    the method's default)."""
+    label, _, own_k = label.partition("@")
+    k = int(own_k) if own_k else k
     method = label.removesuffix(FIXED)
     models = {"draft_model": draft_model, "medusa": medusa_model, "eagle": DEMO_EAGLE}
-    config = {"method": method, "num_speculative_tokens": k, **({"model": models[method]} if method in models else {})}
+    config = {"method": method, **({"model": models[method]} if method in models else {}),
+              **({} if k is None else {"num_speculative_tokens": k})}
     return {**config, "adaptive": False} if label.endswith(FIXED) else config
 
 
@@ -114,7 +119,7 @@ def _median_row(key: dict, measured: list[dict]) -> dict:
     return {**key, **ordered[len(ordered) // 2], "tok_s_repeats": [m["tok_s"] for m in measured]}
 
 
-def run(model_dir: str, methods: list[str], k: int, new_tokens: int, batch_sizes: list[int], engine_args: dict,
+def run(model_dir: str, methods: list[str], k: int | None, new_tokens: int, batch_sizes: list[int], engine_args: dict,
         draft_model: str = DEMO_DRAFT, medusa_model: str = DEMO_MEDUSA, repeats: int = 3,
         disable_progress: bool = False) -> dict:
     """Every engine is built first; then each row is measured `repeats` times, the engines taking turns within
@@ -179,8 +184,9 @@ def _csv(text: str, cast) -> list:  # noqa: ANN001
 def main(argv: list[str] | None = None) -> int:
     parser = cpu_bench_parser(__doc__)
     parser.add_argument("--methods", default="ngram",
-                        help=f"comma-separated, of {', '.join(METHODS)}; METHOD{FIXED}: with k fixed (no policy)")
-    parser.add_argument("--k", type=int, default=3, help="num_speculative_tokens")
+                        help=f"comma-separated, of {', '.join(METHODS)}; METHOD{FIXED}: with k fixed (no policy); "
+                             "either with @K: num_speculative_tokens K (ngram@7)")
+    parser.add_argument("--k", type=int, default=None, help="num_speculative_tokens (default: each method's own)")
     parser.add_argument("--batch-sizes", default="1,8,32", help="throughput rows (comma-separated)")
     parser.add_argument("--draft-model", default=DEMO_DRAFT, help="the draft_model method's checkpoint")
     parser.add_argument("--medusa-model", default=DEMO_MEDUSA, help="the medusa method's heads directory")
@@ -189,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="per engine (all engines live at once; default on CUDA: 4 GiB each)")
     args = parser.parse_args(argv)
     methods = _csv(args.methods, str)
-    unknown = sorted(m for m in methods if m.removesuffix(FIXED) not in METHODS)
+    unknown = sorted(m for m in methods if m.partition("@")[0].removesuffix(FIXED) not in METHODS
+                     or not (m.partition("@")[2] or "3").isdigit())
     if unknown:
         parser.error(f"--methods: unknown {unknown}; allowed: {list(METHODS)}")
     kv_bytes = args.kv_cache_memory_bytes or (4 << 30 if torch.cuda.is_available() else None)

@@ -10,8 +10,8 @@ num_computed_tokens advances by 1 + a, not 1 + k, and those slots are written ag
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
 
@@ -62,43 +62,70 @@ class TokenArrays:
             del self._arrays[request_id]
 
 
+class Verdict(Enum):
+    """What propose_drafts decided for the next step (the Speculator pauses its decisions on the last two)."""
+
+    DRAFTING = "drafting"  # some request was allowed drafts (a proposer without matches: found or not)
+    NOTHING_FOUND = "nothing_found"  # n-gram: drafts could pay, but no match found was worth drafting
+    OFF = "off"  # drafts cannot pay at this step's cost
+
+
 def propose_drafts(proposer: Proposer, requests: list[Request], k: int, max_model_len: int, arrays: TokenArrays,
-                   policy: SpecPolicy | None = None, stats: SpecDecodeStats | None = None) -> bool:
-    """Set the drafts of every running request that may have some (spec_token_ids; [] for the others). Returns
-    whether any request was allowed drafts, found or not (False: speculation does not pay this step).
+                   policy: SpecPolicy | None = None, stats: SpecDecodeStats | None = None) -> Verdict:
+    """Set the drafts of every running request that may have some (spec_token_ids; [] for the others) and say
+    what was decided.
 
     Without a `policy` each request gets up to max_drafts. With one (adaptive speculation) max_drafts is the
     hard cap: the policy first reads the verifies of the step just run, then picks each request's limit (all 0:
     speculation is off this step); after proposing it keeps only the drafts that still pay (a proposer may find
-    fewer than asked). `stats` counts its choices."""
+    fewer than asked). `stats` counts its choices. The caller tells the policy what the whole call cost
+    (SpecPolicy.observe_drafting)."""
     caps = [max_drafts(r, k, max_model_len) for r in requests]
     limits, ids, base = caps, [r.request_id for r in requests], 0
+    matching = callable(getattr(proposer, "propose_with_matches", None))  # a MatchingProposer (isinstance is slow)
     if policy is not None:
         base = _base_tokens(requests)
         policy.observe_requests(requests)
-        limits = policy.draft_limits(ids, caps, base)
+        # n-gram: could drafts pay at all at this step's cost? Then propose, and decide on the matches found.
+        limits = policy.draft_limits(ids, caps, base, certain=matching)
     asking = [i for i, n in enumerate(limits) if n > 0]
     arrays.keep_only(set(ids))  # not only the asking: the policy switches requests on and off
-    start = time.perf_counter()
-    drafts = proposer.propose([arrays.of(requests[i]) for i in asking], [limits[i] for i in asking]) if asking else []
-    seconds = time.perf_counter() - start
+    drafts, matches = _propose(proposer, [arrays.of(requests[i]) for i in asking], [limits[i] for i in asking],
+                               matching)
     for request in requests:
         request.spec_token_ids = []
     for i, tokens in zip(asking, drafts):
         requests[i].spec_token_ids = list(tokens[:limits[i]])
     if policy is None:
-        return bool(asking)
+        return Verdict.DRAFTING if asking else Verdict.OFF
     found = [len(r.spec_token_ids) for r in requests]
     kept = found
     if asking:
-        policy.observe_drafting(len(asking), seconds)
-        kept = policy.draft_limits(ids, found, base, drafting_cost=False)
+        match_of = dict(zip(asking, matches)) if matching else None
+        request_matches = None if match_of is None else [match_of.get(i, 0) for i in range(len(requests))]
+        # n-gram: a verify step commits the next step to a decision too, so its host time counts (at batch 8 on
+        # the H200 a decision costs ~0.3 ms against a 0.6 ms step); a worker's drafts are already paid for
+        kept = policy.draft_limits(ids, found, base, drafting_cost=matching, matches=request_matches)
         for request, keep, num in zip(requests, kept, found):
             if keep < num:
                 request.spec_token_ids = request.spec_token_ids[:keep]
+        if request_matches is not None:
+            policy.note_matches(ids, [m if keep else 0 for m, keep in zip(request_matches, kept)])
     if stats is not None:
         stats.record_policy(caps, limits, found, kept)
-    return bool(asking)
+    if not asking:
+        return Verdict.OFF
+    return Verdict.NOTHING_FOUND if matching and not any(kept) else Verdict.DRAFTING
+
+
+def _propose(proposer: Proposer, token_ids: list[np.ndarray], limits: list[int],
+             matching: bool) -> tuple[list[list[int]], list[int]]:
+    """The proposer's drafts, and the match length of each where it tells them (matching: n-gram; else [])."""
+    if not token_ids:
+        return [], []
+    if matching:
+        return proposer.propose_with_matches(token_ids, limits)
+    return proposer.propose(token_ids, limits), []
 
 
 def _base_tokens(requests: list[Request]) -> int:

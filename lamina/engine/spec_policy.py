@@ -5,14 +5,15 @@ expectation) than not speculating.
     expected tokens/s of a step = (n + sum_i E(alpha_i, k_i)) / (cost(T) + c_draft * #{i : k_i > 0})
 
     n            requests in the step (each samples one token without drafts)
-    E(alpha, k)  accepted drafts out of k: alpha + alpha^2 + .. + alpha^k, where alpha is the chance that draft j
-                 is accepted given that drafts 0..j-1 were (one alpha per request, the same at every position)
+    E(alpha, k)  accepted drafts out of k: p_1 + p_2 + .. + p_k, p_j the chance that drafts 1..j are all
+                 accepted (`chains`): alpha^j for one running rate alpha per request, or for n-gram drafts the
+                 product of their match lengths' rates (lamina/engine/match_acceptance.py)
     T            tokens the device computes: base + sum_i k_i when eager; rows * q under a CUDA graph, q being
                  the captured query length that holds 1 + max_i k_i (a graph pads every row to q)
     cost(T)      StepCostModel: measured wall time of steps without prompt tokens
-    c_draft      measured host time of the proposer, per request asked
+    c_draft      measured host time of a decision (proposing and this policy), per request
 
-Eager steps: the drafts are ranked by their marginal gain alpha_i^j and the best prefix of that ranking is
+Eager steps: the drafts are ranked by their marginal gain p_ij and the best prefix of that ranking is
 taken. Graph steps: the best common depth d (every request drafts min(d, cap_i)). Either way the answer is
 "no drafts" unless it beats no drafts by `min_gain`: speculation is then off for the step.
 
@@ -28,6 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from lamina.engine import spec_policy_scalar as scalar
+from lamina.engine.match_acceptance import MatchAcceptance
 from lamina.engine.request import Request
 from lamina.engine.step_cost import StepCostModel
 from lamina.step import SchedulerOutput
@@ -43,7 +45,7 @@ def expected_accepted(alpha: float, k: int) -> float:
 class SpecPolicy:
     """How many drafts each request gets in the next step (see the module docstring). Feed it after every step:
     observe_scheduled (or observe_step), and, through propose_drafts (engine/drafts.py), observe_requests
-    (acceptance, read from each request's draft counters) and observe_drafting (the proposer's host time).
+    (acceptance, read from each request's draft counters) and observe_drafting (the decision's host time).
 
     graph_query_lens / graph_max_rows: the query lengths captured in CUDA graphs and the largest graph batch
     (() / 0: every step eager). max_step_tokens caps the base tokens (the scheduler's token budget)."""
@@ -61,7 +63,9 @@ class SpecPolicy:
         self._free = list(range(63, -1, -1))
         self._global = [0.0, 0.0, 0.0]
         self._seen: dict[str, tuple[Request, int, int]] = {}  # id -> (request, draft tokens, accepted) last read
-        self._draft_seconds = 0.0  # proposer host time per request asked (EMA)
+        self._draft_seconds = 0.0  # a decision's host time per request (EMA)
+        self.matches = MatchAcceptance(prior_alpha, prior_weight, decay)  # n-gram drafts' acceptance by match length
+        self._match: dict[str, int] = {}  # request id -> the match length of its drafts in flight (note_matches)
 
     def prior(self) -> float:
         """The engine-wide acceptance rate: a new request's estimate."""
@@ -130,6 +134,10 @@ class SpecPolicy:
                 self.forget(request_id)
                 before = None
             if before is not None and drafted > before[1]:
+                match = self._match.pop(request_id, 0)
+                if match:  # n-gram drafts: judged by their match length, not by the request's rate
+                    self.matches.observe(match, drafted - before[1], accepted - before[2], self.steps)
+                    continue
                 for column, value in zip(verified, (request_id, drafted - before[1], accepted - before[2])):
                     column.append(value)
         self._seen = seen
@@ -138,12 +146,21 @@ class SpecPolicy:
         for request_id in [r for r in self._slot if r not in seen]:
             self.forget(request_id)
 
+    def note_matches(self, request_ids: Sequence[str], matches: Sequence[int]) -> None:
+        """The match lengths of the n-gram drafts just set (0: none); their verify is read by observe_requests."""
+        for request_id, match in zip(request_ids, matches):
+            if match:
+                self._match[request_id] = match
+            else:
+                self._match.pop(request_id, None)
+
     def forget(self, request_id: str) -> None:
         """Drop a request's estimate (finished, or preempted: it starts again from the prior)."""
         slot = self._slot.pop(request_id, None)
         if slot is not None:
             self._free.append(slot)
         self._seen.pop(request_id, None)
+        self._match.pop(request_id, None)
 
     def observe_step(self, num_tokens: int, seconds: float, has_prompt: bool = False) -> None:
         """A step's tokens (as step_tokens counts them) and wall time; steps with prompt tokens are left out."""
@@ -158,7 +175,8 @@ class SpecPolicy:
         self.observe_step(self.step_tokens(counts), seconds, has_prompt)
 
     def observe_drafting(self, num_requests: int, seconds: float) -> None:
-        """The proposer's host time for `num_requests` requests (c_draft: an EMA per request)."""
+        """A decision's host time (proposing and the policy's own work) for `num_requests` requests (c_draft: an
+        EMA per request)."""
         if num_requests > 0:
             old, new = self._draft_seconds, seconds / num_requests
             self._draft_seconds = 0.9 * old + 0.1 * new if old else new
@@ -174,10 +192,14 @@ class SpecPolicy:
         return next((q for q in self.graph_query_lens if q >= longest), 0)
 
     def draft_limits(self, request_ids: Sequence[str], caps: Sequence[int], base_tokens: int | None = None,
-                     drafting_cost: bool = True) -> list[int]:
+                     drafting_cost: bool = True, matches: Sequence[int] | None = None,
+                     certain: bool = False) -> list[int]:
         """Drafts for each request in [0, caps[i]] that maximise the step's expected tokens/s, all 0 unless
         that beats no drafts by min_gain. base_tokens: the step's tokens without drafts (default: one a
-        request). drafting_cost=False when the drafts are proposed already (their host time is spent)."""
+        request). drafting_cost=False when the drafts are proposed already (their host time is spent).
+        matches: n-gram drafts, the length of the match each request's drafts continue (their acceptance is
+        MatchAcceptance's, not the request's rate); certain: every draft judged accepted (whether drafts can pay
+        at all at this step's cost: n-gram's question before proposing)."""
         n = len(request_ids)
         caps = [int(c) for c in caps]
         if not any(c > 0 for c in caps):
@@ -186,42 +208,48 @@ class SpecPolicy:
         base = base if self.max_step_tokens is None else max(min(base, self.max_step_tokens), 1)
         draft_s = self._draft_seconds if drafting_cost else 0.0
         bar = (1 + self.min_gain) * n / float(self.cost.cost(base))
-        if n <= scalar.SCALAR_MAX_REQUESTS:
-            return self._limits_scalar(request_ids, caps, base, draft_s, bar)
-        return self._limits_numpy(request_ids, caps, base, draft_s, bar)
-
-    def _limits_scalar(self, request_ids: Sequence[str], caps: list[int], base: int, draft_s: float,
-                       bar: float) -> list[int]:
-        """draft_limits for a few requests, in plain Python (lamina/engine/spec_policy_scalar.py)."""
-        n, eligible = len(caps), [i for i, c in enumerate(caps) if c > 0]
-        alphas, sub = [self.alpha(request_ids[i]) for i in eligible], [caps[i] for i in eligible]
-        if base == n and self._graph_q(n, 1):
-            depth = scalar.uniform_depth(alphas, sub, n, draft_s, bar, self._graph_q, self.cost.cost)
-            chosen = [min(c, depth) for c in sub]
+        eligible = [i for i, c in enumerate(caps) if c > 0]
+        if certain:
+            chains = [[1.0] * caps[i] for i in eligible]
         else:
-            chosen = scalar.greedy_limits(alphas, sub, n, base, draft_s, bar, self.cost.cost)
+            chains = self.chains([request_ids[i] for i in eligible], [caps[i] for i in eligible],
+                                 None if matches is None else [int(matches[i]) for i in eligible])
+        if n <= scalar.SCALAR_MAX_REQUESTS:
+            chosen = self._limits_scalar(chains, n, base, draft_s, bar)
+        else:
+            chosen = self._limits_numpy(chains, n, base, draft_s, bar)
         limits = [0] * n
         for i, k in zip(eligible, chosen):
             limits[i] = k
         return limits
 
-    def _limits_numpy(self, request_ids: Sequence[str], caps: list[int], base: int, draft_s: float,
-                      bar: float) -> list[int]:
-        """draft_limits over arrays: the path for many requests."""
-        n = len(caps)
-        caps_ = np.asarray(caps, dtype=np.int64)
-        eligible = np.flatnonzero(caps_ > 0)
-        limits = np.zeros(n, dtype=np.int64)
-        alphas = self.alphas([request_ids[i] for i in eligible])
-        sub = caps_[eligible]
-        depth = np.arange(1, int(sub.max()) + 1)
-        allowed = depth[None, :] <= sub[:, None]
-        gains = np.where(allowed, alphas[:, None] ** depth[None, :], 0.0)
+    def chains(self, request_ids: Sequence[str], caps: Sequence[int], matches: Sequence[int] | None = None
+               ) -> list[list[float]]:
+        """[i][j]: the chance that request i's drafts 0..j are all accepted, j < caps[i]: alpha_i ** (j + 1), or
+        with `matches` MatchAcceptance's chain of each match length."""
+        if matches is not None:
+            return [self.matches.chain(m, c, self.steps) for m, c in zip(matches, caps)]
+        alphas = [self.alpha(r) for r in request_ids] if len(caps) <= scalar.SCALAR_MAX_REQUESTS else \
+            self.alphas(request_ids).tolist()
+        return [[a ** (j + 1) for j in range(c)] for a, c in zip(alphas, caps)]
+
+    def _limits_scalar(self, chains: list[list[float]], n: int, base: int, draft_s: float, bar: float) -> list[int]:
+        """The eligible requests' limits for a few requests, in plain Python (lamina/engine/spec_policy_scalar.py)."""
         if base == n and self._graph_q(n, 1):
-            limits[eligible] = self._uniform(gains, sub, n, draft_s, bar)
-        else:
-            limits[eligible] = self._greedy(gains, allowed, n, base, draft_s, bar)
-        return limits.tolist()
+            depth = scalar.uniform_depth(chains, n, draft_s, bar, self._graph_q, self.cost.cost)
+            return [min(len(c), depth) for c in chains]
+        return scalar.greedy_limits(chains, n, base, draft_s, bar, self.cost.cost)
+
+    def _limits_numpy(self, chains: list[list[float]], n: int, base: int, draft_s: float, bar: float) -> list[int]:
+        """The eligible requests' limits over arrays: the path for many requests."""
+        caps = np.fromiter((len(c) for c in chains), np.int64, len(chains))
+        depth = np.arange(1, int(caps.max()) + 1)
+        allowed = depth[None, :] <= caps[:, None]
+        gains = np.zeros(allowed.shape)
+        gains[allowed] = np.fromiter((p for c in chains for p in c), np.float64, int(caps.sum()))
+        if base == n and self._graph_q(n, 1):
+            return self._uniform(gains, caps, n, draft_s, bar).tolist()
+        return self._greedy(gains, allowed, n, base, draft_s, bar).tolist()
 
     def _uniform(self, gains: np.ndarray, caps: np.ndarray, n: int, draft_s: float, bar: float) -> np.ndarray:
         """Graph steps: every row is padded to q, so the choice is a common depth d (rows draft min(d, cap))."""

@@ -12,33 +12,33 @@ from collections.abc import Callable, Sequence
 SCALAR_MAX_REQUESTS = 8
 
 
-def uniform_depth(alphas: Sequence[float], caps: Sequence[int], n: int, draft_s: float, bar: float,
+def uniform_depth(chains: Sequence[Sequence[float]], n: int, draft_s: float, bar: float,
                   graph_q: Callable[[int, int], int], cost: Callable[[int], float]) -> int:
-    """Graph steps: the common depth d whose expected tokens per second beat `bar` most (0: none does)."""
-    expected = [0.0] * max(caps)  # [d - 1]: accepted drafts expected at depth d, summed over the requests
-    for alpha, cap in zip(alphas, caps):
+    """Graph steps: the common depth d whose expected tokens per second beat `bar` most (0: none does).
+    chains[i][j]: the chance that request i's drafts 0..j are accepted (len(chains[i]) is its cap)."""
+    expected = [0.0] * max(len(c) for c in chains)  # [d - 1]: accepted drafts expected at depth d, summed
+    for chain in chains:
         total = 0.0
         for d in range(1, len(expected) + 1):
-            if d <= cap:
-                total += alpha ** d
+            if d <= len(chain):
+                total += chain[d - 1]
             expected[d - 1] += total
     best, best_d = bar, 0
     for d in range(1, len(expected) + 1):
         q = graph_q(n, 1 + d)
         if not q:
             break
-        tps = (n + expected[d - 1]) / (cost(n * q) + draft_s * len(caps))
+        tps = (n + expected[d - 1]) / (cost(n * q) + draft_s * len(chains))
         if tps > best:
             best, best_d = tps, d
     return best_d
 
 
-def greedy_limits(alphas: Sequence[float], caps: Sequence[int], n: int, base: int, draft_s: float, bar: float,
+def greedy_limits(chains: Sequence[Sequence[float]], n: int, base: int, draft_s: float, bar: float,
                   cost: Callable[[int], float]) -> list[int]:
-    """Eager steps: drafts ranked by marginal gain alpha_i^j (ties: the earlier depth, then the earlier
+    """Eager steps: drafts ranked by marginal gain chains[r][j] (ties: the earlier depth, then the earlier
     request), the best prefix of the ranking taken; all 0 unless it beats `bar`."""
-    ranked = sorted((-(alpha ** (j + 1)), j, r) for r, (alpha, cap) in enumerate(zip(alphas, caps))
-                    for j in range(cap))
+    ranked = sorted((-p, j, r) for r, chain in enumerate(chains) for j, p in enumerate(chain))
     gained, firsts, best, best_m = 0.0, 0, float("-inf"), -1
     for m, (neg_gain, j, _) in enumerate(ranked):
         gained -= neg_gain
@@ -46,7 +46,7 @@ def greedy_limits(alphas: Sequence[float], caps: Sequence[int], n: int, base: in
         tps = (n + gained) / (cost(base + m + 1) + draft_s * firsts)
         if tps > best:
             best, best_m = tps, m
-    limits = [0] * len(caps)
+    limits = [0] * len(chains)
     if best > bar:
         for _, _, r in ranked[:best_m + 1]:
             limits[r] += 1

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from lamina.config import EngineConfig, SpeculativeConfig
-from lamina.engine.drafts import SpecDecodeStats, TokenArrays, max_drafts, propose_drafts
+from lamina.engine.drafts import SpecDecodeStats, TokenArrays, Verdict, max_drafts, propose_drafts
 from lamina.engine.request import Request
 from lamina.engine.spec_policy import SpecPolicy
 from lamina.spec.proposer import make_proposer
@@ -23,15 +23,20 @@ from lamina.step import ModelRunnerOutput, SchedulerOutput
 
 
 MAX_REST = 32  # steps: the longest pause of the policy's decisions while speculation does not pay
+# n-gram pauses after a step without a match worth drafting (a step where drafts could pay), which is often followed
+# by one with a match (a repeat with a gap): for 1 or 2 steps, so a repeat goes unnoticed for at most 2 (a decision
+# at batch 1 costs one synchronous step, ~0.1 ms more than one launched ahead on the H200)
+MATCH_MAX_REST = 2
 
 
 @dataclass
 class Rest:
     """After a step for which the policy let nobody draft, the next 1, 2, 4, ... MAX_REST steps make no decision
     at all (no proposal, no policy work) and may be launched ahead (async scheduling), so that speculation which
-    does not pay costs next to nothing; a step for which it allowed drafts resets the pause to 1, whether the
-    proposer found any or not (pausing on a step without an n-gram match missed the matches of the steps after
-    it: adaptive n-gram verified once in 200 steps where k fixed verified 53 times)."""
+    does not pay costs next to nothing; a step with drafts resets the pause to 1. A worker-side proposer's step
+    counts as drafting when the policy allowed drafts, whether the proposer found any or not. n-gram's step
+    without a match worth drafting (Verdict.NOTHING_FOUND) pauses for at most MATCH_MAX_REST steps (pauses of up
+    to 8 there: adaptive n-gram verified on 238 steps where k fixed verified on 374, H200, k = 7)."""
 
     left: int = 0
     length: int = 1
@@ -42,9 +47,11 @@ class Rest:
             return True
         return False
 
-    def decided(self, drafting: bool) -> None:
-        if drafting:
+    def decided(self, verdict: Verdict) -> None:
+        if verdict is Verdict.DRAFTING:
             self.length = 1
+        elif verdict is Verdict.NOTHING_FOUND:
+            self.left, self.length = min(self.length, MATCH_MAX_REST), min(2 * self.length, MATCH_MAX_REST)
         else:
             self.left, self.length = self.length, min(2 * self.length, MAX_REST)
 
@@ -81,7 +88,7 @@ class Speculator:
                 for r in requests]
         if self.policy is not None:
             caps = self.policy.draft_limits(ids, caps)
-            self._rest.decided(any(caps))
+            self._rest.decided(Verdict.DRAFTING if any(caps) else Verdict.OFF)
         scheduled.draft_limits.update((request_id, limit) for request_id, limit in zip(ids, caps) if limit)
 
     def after_step(self, scheduled: SchedulerOutput, result: ModelRunnerOutput, running: list[Request],
@@ -97,10 +104,12 @@ class Speculator:
             self.policy.observe_scheduled(scheduled, step_seconds)
         start = time.perf_counter()
         if self.proposer is not None:
-            allowed = propose_drafts(self.proposer, running, self.k, self.max_model_len, self._arrays, self.policy,
+            verdict = propose_drafts(self.proposer, running, self.k, self.max_model_len, self._arrays, self.policy,
                                      self.stats)
-            if self.policy is not None:  # its verdict, not the proposer's luck: see Rest
-                self._rest.decided(allowed)
+            if self.policy is not None:
+                self._rest.decided(verdict)
+                # the whole decision's host time (policy, proposal, bookkeeping) is what drafting costs a step
+                self.policy.observe_drafting(len(running), time.perf_counter() - start)
         elif verified or result.draft_token_ids:
             self._take_worker_drafts(result, running)
         self.stats.draft_seconds += time.perf_counter() - start
@@ -125,6 +134,6 @@ def make_policy(spec: SpeculativeConfig, config: EngineConfig, device: torch.dev
         return None
     sched = config.scheduler_config
     graphs = device.type == "cuda" and not config.enforce_eager  # the worker's graph_decision, roughly
-    return SpecPolicy(graph_query_lens=(1, 1 + spec.num_speculative_tokens) if graphs else (),
+    return SpecPolicy(graph_query_lens=spec.verify_query_lens if graphs else (),
                       graph_max_rows=min(config.cuda_graph_max_batch_size, sched.max_num_seqs) if graphs else 0,
                       max_step_tokens=sched.max_num_batched_tokens)

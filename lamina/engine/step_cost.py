@@ -68,35 +68,50 @@ class StepCostModel:
     def points(self) -> tuple[np.ndarray, np.ndarray]:
         """The curve's (tokens, seconds) points, tokens increasing, seconds non-decreasing."""
         if self._curve is None:
-            for bucket in self._buckets.keys() - self._points.keys():
-                steps = self._buckets[bucket]
-                seconds = sorted(x for _, x in steps)
-                y = seconds[len(seconds) // 2] if len(steps) >= self.min_samples else seconds[0]
-                self._points[bucket] = (sorted(t for t, _ in steps)[len(steps) // 2], y, len(steps))
-            points = [self._points[b] for b in sorted(self._points)]
-            measured = [p for p in points if p[2] >= self.min_samples]
-            if measured and len(measured) < len(points):
-                xs, ys = _fit(measured)
-                points = [p if p[2] >= self.min_samples else (p[0], min(p[1], float(_evaluate(xs, ys, p[0]))), p[2])
-                          for p in points]
-            self._curve = _fit(points)
+            xs, ys = self._fitted()
+            self._curve = np.array(xs, dtype=np.float64), np.array(ys, dtype=np.float64)
+            self._scalar = xs, ys, _slope(xs, ys)
         return self._curve
+
+    def _fitted(self) -> tuple[list[float], list[float]]:
+        """points() as lists, in plain Python (it runs after every observed step: no numpy on ~10 values)."""
+        for bucket in self._buckets.keys() - self._points.keys():
+            steps = self._buckets[bucket]
+            seconds = sorted(x for _, x in steps)
+            y = seconds[len(seconds) // 2] if len(steps) >= self.min_samples else seconds[0]
+            self._points[bucket] = (sorted(t for t, _ in steps)[len(steps) // 2], y, len(steps))
+        points = [self._points[b] for b in sorted(self._points)]
+        measured = [p for p in points if p[2] >= self.min_samples]
+        if measured and len(measured) < len(points):
+            xs, ys = _fit(measured)
+            slope = _slope(xs, ys)
+            points = [p if p[2] >= self.min_samples else (p[0], min(p[1], _evaluate_one(xs, ys, slope, p[0])), p[2])
+                      for p in points]
+        return _fit(points)
 
     def cost(self, num_tokens: int | np.ndarray) -> np.ndarray | float:
         """Estimated seconds of a step of `num_tokens` tokens (elementwise; a float for an int, without numpy:
         the policy asks a few scalars every step, at ~25 us each through numpy)."""
         if not isinstance(num_tokens, (int, np.integer)):
             return _evaluate(*self.points(), num_tokens)
-        xs, ys = self.points()
         if self._scalar is None:
-            self._scalar = (xs.tolist(), ys.tolist(), float(_evaluate(xs, ys, xs[-1] + 1) - ys[-1]) if len(xs) else 0.)
+            self.points()
         return _evaluate_one(*self._scalar, int(num_tokens))
 
 
-def _fit(points: list[tuple[float, float, int]]) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens, seconds, steps) points, tokens increasing -> the curve's arrays, seconds made non-decreasing."""
-    return (np.array([x for x, _, _ in points], dtype=np.float64),
-            np.array(_isotonic([y for _, y, _ in points], [n for _, _, n in points])))
+def _fit(points: list[tuple[float, float, int]]) -> tuple[list[float], list[float]]:
+    """(tokens, seconds, steps) points, tokens increasing -> the curve's (tokens, seconds), seconds made
+    non-decreasing."""
+    return [float(x) for x, _, _ in points], _isotonic([y for _, y, _ in points], [n for _, _, n in points])
+
+
+def _slope(xs: list[float], ys: list[float]) -> float:
+    """The curve's slope above its last point (StepCostModel's docstring): from the point nearest xs[-1] / 2."""
+    if not xs:
+        return 0.0
+    anchor = max(bisect.bisect_right(xs, xs[-1] / 2) - 1, 0)
+    slope = (ys[-1] - ys[anchor]) / (xs[-1] - xs[anchor]) if anchor < len(xs) - 1 else 0.0
+    return min(max(slope, 0.0), ys[-1] / xs[-1])
 
 
 def _evaluate(xs: np.ndarray, ys: np.ndarray, num_tokens: int | np.ndarray) -> np.ndarray:
@@ -106,9 +121,7 @@ def _evaluate(xs: np.ndarray, ys: np.ndarray, num_tokens: int | np.ndarray) -> n
         return np.ones_like(tokens)
     out = np.interp(tokens, xs, ys)
     out = np.where(tokens < xs[0], ys[0] * tokens / xs[0], out)
-    anchor = max(int(np.searchsorted(xs, xs[-1] / 2, side="right")) - 1, 0)
-    slope = (ys[-1] - ys[anchor]) / (xs[-1] - xs[anchor]) if anchor < len(xs) - 1 else 0.0
-    slope = min(max(slope, 0.0), ys[-1] / xs[-1])
+    slope = _slope(xs.tolist(), ys.tolist())
     return np.where(tokens > xs[-1], ys[-1] + slope * (tokens - xs[-1]), out)
 
 

@@ -23,7 +23,7 @@ from torch import nn
 from lamina.config import KernelChoice
 from lamina.distributed.communication import all_reduce
 from lamina.distributed.parallel_state import current_group
-from lamina.layers.dispatch import DEFAULT_KERNELS, gemv_for
+from lamina.layers.dispatch import DEFAULT_KERNELS, gemv_for, weight_major_for
 
 
 def tensor_parallel_rank_and_size() -> tuple[int, int]:
@@ -71,11 +71,33 @@ class QuantMethod(ABC):
 def small_batch_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                        kernels: KernelChoice = DEFAULT_KERNELS) -> torch.Tensor:
     """x [..., K] @ weight[N, K].T (+ bias). A decode step's few rows go to the Triton GEMV where dispatch
-    allows it (1.04-3.9x cuBLAS on the H200 at one row: lamina/bench/gemv_sweep.py), the rest to F.linear."""
+    allows it (1.04-3.9x cuBLAS on the H200 at one row: lamina/bench/gemv_sweep.py), a few float32 rows on the
+    CPU to weight_major_matmul, the rest to F.linear."""
     gemv = gemv_for(x, weight, kernels)
-    if gemv is None:
-        return F.linear(x, weight, bias)
-    return gemv.gemv(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
+    if gemv is not None:
+        return gemv.gemv(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
+    if weight_major_for(x, weight):
+        return weight_major_matmul(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+def weight_major_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ weight[N, K].T as (weight @ x.T).T: the weight is the GEMM's streamed operand (see
+    lamina.layers.dispatch.CPU_WEIGHT_MAJOR_MAX_ROWS). A single row is doubled, since one column would take the
+    GEMV path again."""
+    rows = x.reshape(-1, x.shape[-1])
+    m = rows.shape[0]
+    out = (weight @ (rows.repeat(2, 1) if m == 1 else rows).t()).t()[:m]
+    out = out + bias if bias is not None else out.contiguous()
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+class DenseLinear(nn.Linear):
+    """An nn.Linear (the same parameters, names and autograd) whose forward goes through small_batch_matmul, so
+    that the small networks beside a model (EAGLE and Medusa heads) take the same few-row paths as its layers."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return small_batch_matmul(x, self.weight, self.bias)
 
 
 class UnquantizedLinearMethod(QuantMethod):

@@ -1,25 +1,30 @@
-"""DraftLoop: a draft model's whole propose call in one CUDA graph per batch bucket: the catch-up forward, then
-k - 1 decode steps whose inputs are made on the device, without returning to the host in between.
+"""DraftLoop: a proposer's whole drafting call in one CUDA graph per batch bucket: a catch-up forward, then k - 1
+one-token steps whose inputs are made on the device, without returning to the host in between. What runs is a
+`LoopNet`: a draft model (`ModelNet`), the target stopped after its first layers (`ModelNet(model, num_layers)`:
+early exit) or an EAGLE head (lamina/spec/eagle_loop.py).
 
-    catch-up     rows of at most q = k + 1 tokens (lamina/graphs.py's layout), the tokens from each row's
-                 first stale position through its newest token (position N - 1)
-                 draft 0 = argmax(logits at each row's last token)        last[i]: its flat index
-    step j       feed draft j-1 at position N - 1 + j  (1 <= j < k), on the device:
-                   pos   = base + j            if j < limit  else base     (base = N - 1)
+    catch-up     rows of at most q tokens (query_len, k + 1 by default; lamina/graphs.py's layout): what the
+                 net has not yet fed of each row, through the position before its first draft
+                 draft 0 = argmax(net.catch_up logits at each row's last token)   last[i]: its flat index
+    step j       feed draft j-1 at position base + j  (1 <= j < k), on the device:
+                   pos   = base + j            if j < limit  else base
                    slot  = table[pos // bs] * bs + pos % bs  if j < limit  else -1  (writes nothing)
                    seq   = pos + 1
-                 draft j = argmax(logits)
+                 draft j = argmax(net.step logits)
     output       drafts [b, k]; row i's first limit[i] are its drafts
 
-A row past its limit (or a padding row: base 0, limit 0, the null block) recomputes a position it already has
-and stores nothing, so every row writes KV only inside [0, N - 1 + limit). On CPU `EagerGraph` runs the same
-function (the tests), so the device-side inputs are checked against the eager path without a GPU.
+base is the position of the catch-up's last token: N - 1 for a draft model and early exit (it feeds the newest
+token), N - 2 for EAGLE (head position p holds token p + 1). A row past its limit (or a padding row: base 0,
+limit 0, the null block) recomputes a position it already has and stores nothing, so every row writes KV only
+inside [0, base + limit]. On CPU `EagerGraph` runs the same function (the tests), so the device-side inputs are
+checked against the eager path without a GPU.
 """
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -47,11 +52,45 @@ class CatchUp:
         return len(self.seq_lens)
 
 
+class LoopNet(Protocol):
+    """What a DraftLoop runs (inside a graph: device tensors in, device tensors out, no host reads)."""
+
+    def catch_up(self, input_ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A flat batch (attention metadata set): (logits at the rows `last` [b, V], a carry for step 1)."""
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, carry: torch.Tensor | None
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One token a row (metadata set): (logits [b, V], the carry of the next step)."""
+
+
+class ModelNet:
+    """A causal LM as a LoopNet: a draft model, or (num_layers) the target's first layers, its final norm and LM
+    head (early exit). Nothing is carried between steps: the KV cache holds what the steps fed."""
+
+    def __init__(self, model: torch.nn.Module, num_layers: int | None = None) -> None:
+        self.model, self.num_layers = model, num_layers
+
+    def catch_up(self, input_ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor
+                 ) -> tuple[torch.Tensor, None]:
+        return self.model.compute_logits(self._forward(input_ids, positions).index_select(0, last)), None
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, carry: None) -> tuple[torch.Tensor, None]:
+        return self.model.compute_logits(self._forward(tokens, positions)), None
+
+    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self.num_layers is None:
+            return self.model(input_ids, positions)
+        return self.model.forward_layers(input_ids, positions, self.num_layers)
+
+
 class DraftLoop:
-    def __init__(self, model: torch.nn.Module, k: int, max_batch_size: int, max_model_len: int, block_size: int,
-                 device: torch.device, graph_cls: type = TorchCUDAGraph) -> None:
-        self.model = model
+    def __init__(self, net: LoopNet, k: int, max_batch_size: int, max_model_len: int, block_size: int,
+                 device: torch.device, graph_cls: type = TorchCUDAGraph, query_len: int | None = None) -> None:
+        """k drafts a row from catch-ups of up to `query_len` tokens a row (default k + 1)."""
+        self.net = net
         self.k = k
+        self.query_len = k + 1 if query_len is None else query_len
         self.buckets = graph_buckets(max_batch_size)
         self.max_model_len = max_model_len
         self.block_size = block_size
@@ -59,7 +98,7 @@ class DraftLoop:
         self.device = device
         self.graph_cls = graph_cls
         rows = self.buckets[-1]
-        self.buffers = StaticBuffers.allocate(rows, self.max_blocks_per_seq, device, query_len=k + 1)
+        self.buffers = StaticBuffers.allocate(rows, self.max_blocks_per_seq, device, query_len=self.query_len)
         self.rows = torch.zeros(3, rows, dtype=torch.int64, device=device)  # last index, base, limit
         self.decode_starts = torch.arange(rows + 1, dtype=torch.int32, device=device)
         self.graphs: dict[int, Graph] = {}
@@ -67,7 +106,7 @@ class DraftLoop:
 
     def fits(self, num_rows: int, width: int, most_drafts: int) -> bool:
         """Whether a call of `num_rows` rows with block tables `width` wide, none asking more than `most_drafts`,
-        replays a graph (catch-ups longer than k + 1 tokens are fed eagerly first)."""
+        replays a graph (catch-ups longer than query_len tokens are fed eagerly first)."""
         return num_rows <= self.buckets[-1] and width <= self.max_blocks_per_seq and most_drafts <= self.k
 
     @torch.inference_mode()
@@ -81,7 +120,7 @@ class DraftLoop:
 
     def run(self, batch: FlatBatch, last: Sequence[int], base: Sequence[int], limit: Sequence[int]) -> torch.Tensor:
         """Drafts [n, k] (a view of the graph's output: read it before the next replay) of the catch-up `batch`;
-        per row: the flat index of its last token, N - 1, and its number of drafts."""
+        per row: the flat index of its last token, base (the module docstring) and its number of drafts."""
         n = batch.num_seqs
         bucket = bucket_for(n, self.buckets)
         self.buffers.fill(batch, bucket)
@@ -94,7 +133,7 @@ class DraftLoop:
         return self.outputs[bucket][:n]
 
     def _loop_fn(self, bucket: int) -> Callable[[], torch.Tensor]:
-        buffers, q = self.buffers, self.k + 1
+        buffers, q = self.buffers, self.query_len
         catch_up = buffers.metadata(bucket, self.max_model_len)
         ids, positions = buffers.input_ids[:bucket * q], buffers.positions[:bucket * q]
         last, base, limit = self.rows[0, :bucket], self.rows[1, :bucket], self.rows[2, :bucket]
@@ -102,15 +141,15 @@ class DraftLoop:
 
         def loop() -> torch.Tensor:
             with set_attention_metadata(catch_up):
-                hidden = self.model(ids, positions)
-            token = self.model.compute_logits(hidden.index_select(0, last)).argmax(dim=-1)
+                logits, carry = self.net.catch_up(ids, positions, last)
+            token = logits.argmax(dim=-1)
             drafts = [token]
             for j in range(1, self.k):
                 active = limit > j
                 pos = torch.where(active, base + j, base)
                 with set_attention_metadata(self._step_metadata(table, pos, active, bucket)):
-                    hidden = self.model(token, pos)
-                token = self.model.compute_logits(hidden).argmax(dim=-1)
+                    logits, carry = self.net.step(token, pos, carry)
+                token = logits.argmax(dim=-1)
                 drafts.append(token)
             return torch.stack(drafts, dim=1)
         return loop

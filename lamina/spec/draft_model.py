@@ -39,7 +39,7 @@ from lamina.device import packed_to_device
 from lamina.kv.cache import KVCache, allocate_kv_caches, bind_kv_caches, kv_cache_bytes_per_block
 from lamina.loader.hf_config import load_model_arch
 from lamina.loader.model_loader import load_model
-from lamina.spec.draft_loop import CatchUp, DraftLoop
+from lamina.spec.draft_loop import CatchUp, DraftLoop, ModelNet
 from lamina.spec.model_proposer import DraftRequest
 
 __all__ = ["DraftModelProposer"]
@@ -119,7 +119,8 @@ class DraftModelProposer:
             return
         kwargs = {} if graph_cls is None else {"graph_cls": graph_cls}
         max_len = min(max_model_len, self.arch.max_position_embeddings)
-        self.loop = DraftLoop(self.model, num_drafts, max_batch_size, max_len, self.block_size, self.device, **kwargs)
+        self.loop = DraftLoop(ModelNet(self.model), num_drafts, max_batch_size, max_len, self.block_size, self.device,
+                              **kwargs)
         self.loop.capture_all()
 
     def forget(self, req_ids: Iterable[str]) -> None:

@@ -18,6 +18,8 @@ them then). So every verified position is fed exactly when the target computes i
 request: the draft positions' KV is overwritten by the next catch-up, a preempted request is fed again as it is
 recomputed, and a prefix-cache hit finds the head's KV in the same blocks, written when they were computed.
 Drafts are greedy (one-hot proposals, exact under the verify step's rule); they never decide the output.
+With CUDA graphs (compile_and_capture) a call is one replay: the catch-up and the k - 1 steps in one graph, or the
+catch-up alone when nobody drafts (lamina/spec/eagle_loop.py).
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from lamina.kv.cache import KVCache, allocate_kv_caches, bind_kv_caches, kv_cach
 from lamina.models.common import CausalLM
 from lamina.models.names import format_names
 from lamina.spec.eagle_head import FIELD, WEIGHTS, EagleHead, read_head_config
+from lamina.spec.eagle_loop import EagleLoops, GraphRow
 from lamina.spec.model_proposer import DraftRequest
 
 __all__ = ["EagleProposer", "Feed", "load_head"]
@@ -97,6 +100,7 @@ class EagleProposer:
                                            num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
         self.block_size = 0  # set by bind_cache
         self.kv_caches: list[KVCache] = []
+        self.loops: EagleLoops | None = None  # set by compile_and_capture
         target.record_aux_hidden_states(cfg.aux_hidden_state_layers)
 
     def kv_bytes_per_block(self, block_size: int) -> int:
@@ -108,8 +112,16 @@ class EagleProposer:
         self.block_size = block_size
 
     def compile_and_capture(self, max_batch_size: int, max_model_len: int, num_drafts: int,
-                            warm_up: Callable[[torch.nn.Module], None] | None) -> None:
-        """Nothing: the head runs eagerly (one catch-up forward and k - 1 one-token steps per call)."""
+                            warm_up: Callable[[torch.nn.Module], None] | None, graph_cls: type | None = None) -> None:
+        """With graphs (max_batch_size > 0) capture the call (lamina/spec/eagle_loop.py); else it runs eagerly:
+        one catch-up forward and k - 1 one-token steps."""
+        if max_batch_size == 0:
+            return
+        kwargs = {} if graph_cls is None else {"graph_cls": graph_cls}
+        max_len = min(max_model_len, self.cfg.max_position_embeddings)
+        self.loops = EagleLoops(self.head, self.target, num_drafts, max_batch_size, max_len, self.block_size,
+                                self.dtype, self.device, **kwargs)
+        self.loops.capture_all()
 
     def forget(self, req_ids: Iterable[str]) -> None:
         """Nothing is kept per request (module docstring)."""
@@ -128,13 +140,21 @@ class EagleProposer:
         drafts: list[list[int]] = [[] for _ in requests]
         if not feeds:
             return drafts
+        limits = self._limits(requests, feeds)
+        rows = self._graph_rows(feeds, limits) if self.loops is not None else None
+        if rows is not None:
+            return self._propose_in_graph(feeds, limits, rows, features, drafts)
+        return self._propose_eagerly(feeds, requests, limits, features, drafts)
+
+    def _propose_eagerly(self, feeds: list[Feed], requests: list[DraftRequest], limits: dict[str, tuple[int, int]],
+                         features: torch.Tensor, drafts: list[list[int]]) -> list[list[int]]:
+        """One catch-up forward over every feed, then k - 1 one-token steps of the drafting requests."""
         normed, y = self._catch_up(feeds, features)
         ends, offset = {}, 0
         for feed in feeds:
             offset += feed.count
-            if feed.start + feed.count == len(feed.token_ids) - 1:
-                ends[feed.req_id] = offset - 1
-        rows = self._plan(requests, ends)
+            ends[feed.req_id] = offset - 1
+        rows = sorted(((i, limit) for i, limit in limits.values()), key=lambda r: -r[1])
         if not rows:
             return drafts
         last = torch.tensor([ends[requests[i].req_id] for i, _ in rows], dtype=torch.int64, device=self.device)
@@ -152,9 +172,10 @@ class EagleProposer:
             offset += len(column)
         return drafts
 
-    def _plan(self, requests: list[DraftRequest], ends: dict[str, int]) -> list[tuple[int, int]]:
-        """(index, drafts) of the requests that draft, most drafts first."""
-        rows = []
+    def _limits(self, requests: list[DraftRequest], feeds: list[Feed]) -> dict[str, tuple[int, int]]:
+        """req id -> (index, drafts) of the requests that draft: their feed ends at position N - 2."""
+        ends = {f.req_id for f in feeds if f.start + f.count == len(f.token_ids) - 1}
+        limits = {}
         for index, request in enumerate(requests):
             n = len(request.token_ids)
             limit = min(request.num_drafts, self.cfg.max_position_embeddings - n + 2)
@@ -163,9 +184,36 @@ class EagleProposer:
             if len(request.block_ids) * self.block_size < n - 1 + limit:
                 raise ValueError(f"block_ids of request {request.req_id!r}: {len(request.block_ids)} block(s) of "
                                  f"{self.block_size} do not cover positions [0, {n - 1 + limit})")
-            rows.append((index, limit))
-        rows.sort(key=lambda r: -r[1])
-        return rows
+            limits[request.req_id] = (index, limit)
+        return limits
+
+    def _graph_rows(self, feeds: list[Feed], limits: dict[str, tuple[int, int]]) -> list[GraphRow] | None:
+        """The loop's rows (a drafting feed longer than q keeps only its last position), or None when they do
+        not fit the captured graphs (the call then runs eagerly)."""
+        rows = []
+        for f in feeds:
+            index, limit = limits.get(f.req_id, (-1, 0))
+            skip = max(f.count - 1, 0) if f.count > self.loops.q else 0
+            if skip and not limit:
+                continue  # a prompt chunk: fed eagerly, all of it
+            rows.append(GraphRow(f.token_ids, f.block_ids, f.start + skip, f.count - skip, f.row + skip, limit, index))
+        width = max(len(f.block_ids) for f in feeds)
+        return rows if self.loops.fits(len(rows), width) else None
+
+    def _propose_in_graph(self, feeds: list[Feed], limits: dict[str, tuple[int, int]], rows: list[GraphRow],
+                          features: torch.Tensor, drafts: list[list[int]]) -> list[list[int]]:
+        """Feed the long feeds eagerly (but for a drafting one's last position), then one replay for every row."""
+        drafting = set(limits)
+        eager = [dataclasses.replace(f, count=f.count - (f.req_id in drafting)) for f in feeds
+                 if f.count > self.loops.q]
+        if eager:
+            self._catch_up(eager, features)
+        if not rows:
+            return drafts
+        for row, tokens in zip(rows, self.loops.run(rows, features)):
+            if row.limit:
+                drafts[row.index] = tokens
+        return drafts
 
     def _catch_up(self, feeds: list[Feed], features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One flat forward over every feed's positions: (normed, y) [sum(count), H]."""

@@ -26,6 +26,7 @@ from torch import nn
 
 from lamina.attention.backends import AttentionBackend
 from lamina.attention.layer import Attention
+from lamina.layers.linear import DenseLinear
 from lamina.layers.norm import RMSNorm
 from lamina.layers.rotary import RotaryEmbedding
 
@@ -98,11 +99,11 @@ class EagleLayer(nn.Module):
         self.q_size, self.kv_size = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
         self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
         self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
-        self.qkv_proj = nn.Linear(2 * h, self.q_size + 2 * self.kv_size, bias=False)
-        self.o_proj = nn.Linear(self.q_size, h, bias=False)
+        self.qkv_proj = DenseLinear(2 * h, self.q_size + 2 * self.kv_size, bias=False)
+        self.o_proj = DenseLinear(self.q_size, h, bias=False)
         self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
-        self.gate_up_proj = nn.Linear(h, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, h, bias=False)
+        self.gate_up_proj = DenseLinear(h, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = DenseLinear(cfg.intermediate_size, h, bias=False)
         self.rotary_emb = RotaryEmbedding(d, cfg.rope_theta, cfg.max_position_embeddings)
         self.attn = Attention(cfg.num_attention_heads, cfg.num_key_value_heads, d, d ** -0.5, backend)
 
@@ -111,7 +112,7 @@ class EagleHead(nn.Module):
     def __init__(self, cfg: EagleHeadConfig, backend: AttentionBackend | None = None) -> None:
         super().__init__()
         self.cfg = cfg
-        self.fc = nn.Linear(len(cfg.aux_hidden_state_layers) * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.fc = DenseLinear(len(cfg.aux_hidden_state_layers) * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.midlayer = EagleLayer(cfg, backend)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

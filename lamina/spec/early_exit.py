@@ -14,7 +14,8 @@ Draft step s feeds, for every request with k > s, one token at position p = N - 
 through the first L' layers (writing their K/V at p), norm + LM head, argmax -> draft s. Greedy drafts are
 one-hot proposals, exact under the verify step's rule at any temperature. The verifier later writes every
 layer's KV at N - 1 and after, so the first layers' slots there need no rollback; positions < N - 1 and
-blocks outside `block_ids` are never written.
+blocks outside `block_ids` are never written. With CUDA graphs (compile_and_capture) the whole call, every
+step, is one replay of a DraftLoop (lamina/spec/draft_loop.py) over these layers.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import torch
 
 from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
 from lamina.models.common import CausalLM
+from lamina.spec.draft_loop import CatchUp, DraftLoop, ModelNet
 from lamina.spec.model_proposer import DraftRequest
 
 __all__ = ["EarlyExitProposer", "resolve_exit_layer"]
@@ -46,6 +48,7 @@ class EarlyExitProposer:
         self.exit_layer = resolve_exit_layer(exit_layer, model.arch.num_hidden_layers)
         self.block_size = block_size
         self.device = next(model.parameters()).device
+        self.loop: DraftLoop | None = None  # set by compile_and_capture
 
     def kv_bytes_per_block(self, block_size: int) -> int:
         return 0  # it writes the target's own KV
@@ -57,9 +60,16 @@ class EarlyExitProposer:
         pass  # nothing is kept between steps
 
     def compile_and_capture(self, max_batch_size: int, max_model_len: int, num_drafts: int,
-                            warm_up: Callable[[torch.nn.Module], None] | None) -> None:
-        """Nothing: the target's layers are compiled already, and early-exit drafting runs eagerly."""
+                            warm_up: Callable[[torch.nn.Module], None] | None, graph_cls: type | None = None) -> None:
+        """The target's layers are compiled already; with graphs (max_batch_size > 0) capture the propose call."""
+        if max_batch_size == 0:
+            return
+        kwargs = {} if graph_cls is None else {"graph_cls": graph_cls}
+        self.loop = DraftLoop(ModelNet(self.model, self.exit_layer), num_drafts, max_batch_size, max_model_len,
+                              self.block_size, self.device, **kwargs)
+        self.loop.capture_all()
 
+    @torch.inference_mode()
     def propose(self, requests: list[DraftRequest], hidden: torch.Tensor) -> list[list[int]]:
         """Up to `num_drafts` greedy drafts per request; `hidden` is not needed (the drafter recomputes)."""
         if not requests:
@@ -67,6 +77,9 @@ class EarlyExitProposer:
         for request in requests:
             self._check_blocks(request)
         max_drafts = max(r.num_drafts for r in requests)
+        width = max(len(r.block_ids) for r in requests)
+        if self.loop is not None and self.loop.fits(len(requests), width, max_drafts):
+            return self._propose_in_graph(requests)
         drafts = torch.zeros(len(requests), max_drafts, dtype=torch.int64, device=self.device)
         rows = list(range(len(requests)))  # the requests still drafting, in batch order
         ids = torch.tensor([r.token_ids[-1] for r in requests], dtype=torch.int64, device=self.device)
@@ -80,6 +93,17 @@ class EarlyExitProposer:
             drafts[rows, step] = ids
         table = drafts.tolist()  # the only host sync
         return [table[i][:r.num_drafts] for i, r in enumerate(requests)]
+
+    def _propose_in_graph(self, requests: list[DraftRequest]) -> list[list[int]]:
+        """One replay: the catch-up feeds each newest token at N - 1, the steps the drafts after it."""
+        bs, n = self.block_size, len(requests)
+        positions = [len(r.token_ids) - 1 for r in requests]
+        batch = CatchUp(input_ids=[int(r.token_ids[-1]) for r in requests], positions=positions,
+                        slot_mapping=[r.block_ids[p // bs] * bs + p % bs for r, p in zip(requests, positions)],
+                        query_start_loc=list(range(n + 1)), seq_lens=[p + 1 for p in positions],
+                        block_tables=_padded_tables(requests))
+        out = self.loop.run(batch, list(range(n)), positions, [r.num_drafts for r in requests])
+        return [tokens[:r.num_drafts] for r, tokens in zip(requests, out.tolist())]
 
     def _draft_step(self, requests: list[DraftRequest], step: int, ids: torch.Tensor, tables: torch.Tensor
                     ) -> torch.Tensor:
@@ -106,10 +130,8 @@ class EarlyExitProposer:
             query_start_loc_cpu=starts, seq_lens_cpu=seq_lens)
 
     def _block_tables(self, requests: list[DraftRequest]) -> torch.Tensor:
-        """[B, W] int32: each request's block ids, padded with 0 (the null block) to the widest."""
-        width = max(len(r.block_ids) for r in requests)
-        padded = [list(r.block_ids) + [0] * (width - len(r.block_ids)) for r in requests]
-        return torch.tensor(padded, dtype=torch.int32, device=self.device)
+        """[B, W] int32 on the device: _padded_tables."""
+        return torch.tensor(_padded_tables(requests), dtype=torch.int32, device=self.device)
 
     def _check_blocks(self, request: DraftRequest) -> None:
         """The blocks must cover every position drafting writes: [0, N - 1 + num_drafts)."""
@@ -117,3 +139,9 @@ class EarlyExitProposer:
         if request.num_drafts < 1 or len(request.block_ids) * self.block_size < needed:
             raise ValueError(f"request {request.req_id!r}: {len(request.block_ids)} block(s) of {self.block_size} "
                              f"do not cover positions [0, {needed}) for num_drafts={request.num_drafts} (>= 1)")
+
+
+def _padded_tables(requests: list[DraftRequest]) -> list[list[int]]:
+    """Each request's block ids, padded with 0 (the null block) to the widest."""
+    width = max(len(r.block_ids) for r in requests)
+    return [list(r.block_ids) + [0] * (width - len(r.block_ids)) for r in requests]

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
+from lamina.layers.linear import DenseLinear
 from lamina.models.common import CausalLM
 from lamina.models.names import format_names
 from lamina.spec.model_proposer import DraftRequest
@@ -42,7 +43,7 @@ class ResBlock(nn.Module):
 
     def __init__(self, hidden_size: int) -> None:
         super().__init__()
-        self.linear = nn.Linear(hidden_size, hidden_size)
+        self.linear = DenseLinear(hidden_size, hidden_size)
         nn.init.zeros_(self.linear.weight)
         nn.init.zeros_(self.linear.bias)
 

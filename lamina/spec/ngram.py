@@ -28,7 +28,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["NgramProposer", "most_recent_match_ends"]
+__all__ = ["NgramProposer", "match_lengths", "most_recent_match_ends"]
+
+MEASURE_UP_TO = 8  # propose_with_matches measures a chosen match's length up to this many tokens
+FEW_REQUESTS = 8  # up to this many requests each is searched alone (_propose_one): numpy's ~20 calls cost more
 
 
 class NgramProposer:
@@ -50,6 +53,13 @@ class NgramProposer:
 
     def propose(self, token_ids: list[Sequence[int]], max_drafts: list[int]) -> list[list[int]]:
         """Request i's drafts: at most min(num_speculative_tokens, max_drafts[i]) tokens, [] without a match."""
+        return self.propose_with_matches(token_ids, max_drafts)[0]
+
+    def propose_with_matches(self, token_ids: list[Sequence[int]], max_drafts: list[int]
+                             ) -> tuple[list[list[int]], list[int]]:
+        """`propose`, and for each request the length of the match its drafts continue (the tokens before the
+        suffix's end that equal those before the match's end, up to MEASURE_UP_TO; 0 without drafts): how
+        likely the drafts are to be accepted (lamina/engine/match_acceptance.py)."""
         if len(max_drafts) != len(token_ids):
             raise ValueError(f"max_drafts must have one entry per request ({len(token_ids)}), got {len(max_drafts)}")
         if any(not isinstance(m, (int, np.integer)) or m < 0 for m in max_drafts):
@@ -58,17 +68,47 @@ class NgramProposer:
         # a match needs n >= prompt_lookup_min tokens before the suffix's last token
         active = [i for i, seq in enumerate(token_ids) if limits[i] > 0 and len(seq) > self.prompt_lookup_min]
         drafts: list[list[int]] = [[] for _ in token_ids]
+        matches = [0] * len(token_ids)
         if not active:
-            return drafts
+            return drafts, matches
+        if len(active) <= FEW_REQUESTS:
+            for i in active:
+                drafts[i], matches[i] = self._propose_one(np.asarray(token_ids[i], dtype=np.int64), limits[i])
+            return drafts, matches
         seqs = [token_ids[i] for i in active]
         lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
         starts = np.cumsum(lengths) - lengths
         flat = _concatenate(seqs, int(lengths.sum()))
         ends = most_recent_match_ends(flat, starts, lengths, self.prompt_lookup_min, self.prompt_lookup_max)
+        found = match_lengths(flat, starts, lengths, ends, MEASURE_UP_TO)
         for row in np.flatnonzero(ends >= 0).tolist():
             end, stop = int(ends[row]), int(starts[row] + lengths[row])
             drafts[active[row]] = flat[end + 1:min(end + 1 + limits[active[row]], stop)].tolist()
-        return drafts
+            matches[active[row]] = int(found[row])
+        return drafts, matches
+
+
+    def _propose_one(self, seq: np.ndarray, limit: int) -> tuple[list[int], int]:
+        """One request's (drafts, match length): the same search as the batched one, as byte searches (rfind) over
+        the sequence's int64 bytes, from the longest n down; a hit not on a token boundary is searched past."""
+        data, length = seq.tobytes(), len(seq)
+        for n in range(min(self.prompt_lookup_max, length - 1), self.prompt_lookup_min - 1, -1):
+            suffix = data[(length - n) * 8:]
+            pos = data.rfind(suffix, 0, (length - 1) * 8)  # the occurrence ends before the last token
+            while pos > 0 and pos % 8:
+                pos = data.rfind(suffix, 0, pos + len(suffix) - 1)
+            if pos >= 0 and pos % 8 == 0:
+                end = pos // 8 + n - 1
+                return seq[end + 1:min(end + 1 + limit, length)].tolist(), _match_length(seq, end, MEASURE_UP_TO)
+        return [], 0
+
+
+def _match_length(seq: np.ndarray, end: int, up_to: int) -> int:
+    """How many tokens, counting back from seq[end] and from seq's last token, are equal (at most `up_to`)."""
+    last, m = len(seq) - 1, 0
+    while m < up_to and end - m >= 0 and seq[end - m] == seq[last - m]:
+        m += 1
+    return m
 
 
 def most_recent_match_ends(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray, n_min: int,
@@ -94,6 +134,23 @@ def most_recent_match_ends(flat: np.ndarray, starts: np.ndarray, lengths: np.nda
             is_last = np.append(segs[1:] != segs[:-1], True)
             best[segs[is_last]] = ends[is_last]
     return best
+
+
+def match_lengths(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray, ends: np.ndarray,
+                  up_to: int) -> np.ndarray:
+    """[S] int64: how many tokens, counting back from flat[ends[s]] and from segment s's last token, are equal
+    (inside the segment, at most `up_to`; 0 where ends[s] < 0)."""
+    out = np.zeros(len(ends), dtype=np.int64)
+    rows = np.flatnonzero(ends >= 0)
+    lasts = starts + lengths - 1
+    for j in range(up_to):
+        back = ends[rows] - j
+        keep = (back >= starts[rows]) & (flat[np.maximum(back, 0)] == flat[lasts[rows] - j])
+        rows = rows[keep]
+        if rows.size == 0:
+            break
+        out[rows] += 1
+    return out
 
 
 def _concatenate(seqs: list[Sequence[int]], total: int) -> np.ndarray:

@@ -15,7 +15,7 @@ from lamina.config import ModelArch, SpeculativeConfig
 from lamina.spec.model_proposer import ModelProposer
 from lamina.spec.ngram import NgramProposer
 
-__all__ = ["Proposer", "make_proposer", "make_model_proposer"]
+__all__ = ["MatchingProposer", "Proposer", "make_proposer", "make_model_proposer"]
 
 
 @runtime_checkable
@@ -34,6 +34,16 @@ class Proposer(Protocol):
     """
 
     def propose(self, token_ids: list[Sequence[int]], max_drafts: list[int]) -> list[list[int]]:
+        ...
+
+
+@runtime_checkable
+class MatchingProposer(Proposer, Protocol):
+    """A proposer that copies drafts from an earlier match (n-gram) and tells each match's length: the adaptive
+    policy judges a draft by it (lamina/engine/match_acceptance.py)."""
+
+    def propose_with_matches(self, token_ids: list[Sequence[int]], max_drafts: list[int]
+                             ) -> tuple[list[list[int]], list[int]]:
         ...
 
 

@@ -158,7 +158,7 @@ class Worker:
             return None
         max_batch = min(self.config.cuda_graph_max_batch_size, max_num_seqs)
         spec = self.config.speculative_config
-        query_lens = (1,) if spec is None else (1, 1 + spec.num_speculative_tokens)  # decode, verify
+        query_lens = (1,) if spec is None else spec.verify_query_lens  # decode, verify
         graphs = CudaGraphRunner(self.model, max_batch, self.max_model_len, self.config.cache_config.block_size,
                                  self.device, query_lens=query_lens)
         start = time.perf_counter()

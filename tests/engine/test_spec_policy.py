@@ -319,8 +319,14 @@ def test_scalar_path_chooses_as_the_numpy_path(graphs: bool) -> None:
         base = n if graphs and rng.random() < 0.7 else n + int(rng.integers(0, 64))
         draft_s = float(rng.choice([0.0, 1e-5, 1e-4]))
         bar = (1 + policy.min_gain) * n / float(policy.cost.cost(base))
-        fast = policy._limits_scalar(ids, caps, base, draft_s, bar)
-        slow = policy._limits_numpy(ids, caps, base, draft_s, bar)
+        eligible = [i for i, c in enumerate(caps) if c]
+        matches = rng.integers(1, 9, size=len(eligible)).tolist() if trial % 2 else None
+        for m in matches or []:
+            policy.matches.observe(m, int(rng.integers(1, 8)), int(rng.integers(0, 8)), policy.steps)
+        chains = policy.chains([ids[i] for i in eligible], [caps[i] for i in eligible], matches)
+        fast = policy._limits_scalar(chains, n, base, draft_s, bar)
+        slow = policy._limits_numpy(chains, n, base, draft_s, bar)
         differ += fast != slow
         drafting += any(slow)
+        assert policy.alphas(ids).tolist() == pytest.approx([policy.alpha(r) for r in ids], rel=1e-12)
     assert differ == 0 and drafting > 50  # and the cases are not all "no drafts"

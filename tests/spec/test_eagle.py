@@ -173,3 +173,42 @@ def test_the_shipped_head_drafts_and_is_accepted_on_the_demo_model() -> None:
         stats = llm.engine.get_stats().spec
     assert outputs[1] == outputs[0]
     assert stats.num_draft_tokens > 40 and stats.num_accepted_tokens > ACCEPTED_FLOOR * stats.num_draft_tokens
+
+
+def test_the_captured_loops_draft_what_the_unrolled_head_does(target_dir: Path, target: CausalLM,
+                                                              tmp_path: Path) -> None:
+    """compile_and_capture (EagerGraph on CPU, the Triton kernels under the interpreter, as a CUDA graph runs them):
+    one call feeds a long prompt that drafts (its prefix eagerly), a verify's two positions, a prompt chunk that
+    does not draft (eagerly, all of it) and a one-token feed of a request without drafts, in a bucket with a
+    padding row; a later feed-only call (nobody drafts) and a drafting call after it give the unrolled head's
+    drafts."""
+    import tests.kernels.conftest  # noqa: F401 - TRITON_INTERPRET=1 and the interpreter fixes
+    from lamina.graphs import EagerGraph
+
+    proposer = EagleProposer(str(make_head_dir(target_dir, tmp_path / "h")), target, torch.float32, "cpu", "triton")
+    proposer.bind_cache(32, BS)
+    proposer.compile_and_capture(max_batch_size=8, max_model_len=64, num_drafts=3, warm_up=None,
+                                 graph_cls=EagerGraph)
+    layers = list(proposer.cfg.aux_hidden_state_layers)
+    seqs = {"a": [5, 9, 1, 44, 3, 3, 70, 2, 11, 64], "b": [8, 1, 6, 6, 2], "c": list(range(20, 32)),
+            "d": [4, 4, 9]}
+    blocks = {"a": [3, 7, 1, 12], "b": [5, 2, 9], "c": [10, 11, 13, 14], "d": [15, 16]}
+    feats = {r: _hf_features(target_dir, tokens, layers) for r, tokens in seqs.items()}
+
+    def call(spans: dict[str, tuple[int, int]], drafting: dict[str, int]) -> dict[str, list[int]]:
+        feeds, rows, row = [], [], 0
+        for r, (start, count) in spans.items():
+            feeds.append(Feed(r, seqs[r], blocks[r], start, count, row))
+            rows.append(feats[r][start:start + count])
+            row += count
+        requests = [DraftRequest(r, seqs[r], blocks[r], k) for r, k in drafting.items()]
+        return dict(zip(drafting, proposer.propose_fed(feeds, requests, torch.cat(rows))))
+
+    # b's first 2 positions and d's first one were fed by an earlier (eager-sized) call
+    call({"b": (0, 2), "d": (0, 1)}, {})
+    got = call({"a": (0, 9), "b": (2, 2), "c": (0, 5), "d": (1, 1)}, {"a": 3, "b": 2, "c": 3})
+    assert got == {"a": _reference_drafts(proposer, feats["a"], seqs["a"], 3),
+                   "b": _reference_drafts(proposer, feats["b"], seqs["b"], 2), "c": []}
+    call({"c": (5, 4)}, {})  # feed-only: the feeding loop
+    got = call({"c": (9, 2)}, {"c": 3})
+    assert got == {"c": _reference_drafts(proposer, feats["c"], seqs["c"], 3)}

@@ -191,3 +191,32 @@ def test_demo_model_matches_truncated_hf() -> None:
     proposer = EarlyExitProposer(model, None, block_size)
     assert proposer.exit_layer == 3  # a third of 9
     assert proposer.propose([request], torch.empty(0)) == oracle(load_hf(DEMO_MODEL), 3, [request])
+
+
+def test_the_captured_draft_loop_drafts_what_the_eager_path_does(target: Target) -> None:
+    """compile_and_capture (EagerGraph on CPU, the Triton kernels under the interpreter, as a CUDA graph runs them):
+    one replay per call gives truncated HF's greedy drafts for mixed lengths and draft counts in a bucket with
+    padding rows, and writes only the drafted slots of the first layers."""
+    import tests.kernels.conftest  # noqa: F401 - TRITON_INTERPRET=1 and the interpreter fixes
+    from lamina.graphs import EagerGraph
+
+    exit_layer = 2
+    model = load_model(target.path, target.arch, torch.float32, "cpu", attention_backend="triton")
+    graphed = Target(target.path, target.arch, model, target.hf)
+    caches = bind_sentinel_cache(graphed)  # bound once, before the capture (a CUDA graph keeps its addresses)
+    proposer = EarlyExitProposer(model, exit_layer, BLOCK_SIZE)
+    proposer.compile_and_capture(max_batch_size=8, max_model_len=64, num_drafts=5, warm_up=None,
+                                 graph_cls=EagerGraph)
+    for seed in (11, 12):
+        requests = make_requests(LENGTHS, NUM_DRAFTS, seed=seed)
+        for k, v in caches:
+            k.fill_(SENTINEL)
+            v.fill_(SENTINEL)
+        prefill(graphed, requests)
+        before = [(k.clone(), v.clone()) for k, v in caches]
+        drafts = proposer.propose(requests, torch.empty(0))
+        assert drafts == oracle(target.hf, exit_layer, requests)
+        written = drafted_slots(requests)
+        for layer, ((k, v), (k0, v0)) in enumerate(zip(caches, before)):
+            untouched = ~written if layer < exit_layer else torch.ones_like(written)
+            assert torch.equal(k[untouched], k0[untouched]) and torch.equal(v[untouched], v0[untouched]), layer

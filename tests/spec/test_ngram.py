@@ -10,17 +10,22 @@ from lamina.spec.ngram import NgramProposer
 from lamina.spec.proposer import Proposer
 
 
-def reference(tokens: list[int], k: int, n_min: int, n_max: int, max_drafts: int) -> list[int]:
-    """Plain Python: longest n first, then the most recent occurrence ending before the last token."""
+def reference(tokens: list[int], k: int, n_min: int, n_max: int, max_drafts: int,
+              up_to: int = 8) -> tuple[list[int], int]:
+    """Plain Python: longest n first, then the most recent occurrence ending before the last token; the drafts,
+    and how far back that occurrence agrees with the sequence's end (at most `up_to`; 0 without drafts)."""
     length, limit = len(tokens), min(k, max_drafts)
     if limit == 0:
-        return []
+        return [], 0
     for n in range(n_max, n_min - 1, -1):
         suffix = tokens[length - n:] if n < length else None
         for start in range(length - n - 1, -1, -1):
             if tokens[start:start + n] == suffix:
-                return tokens[start + n:start + n + limit]
-    return []
+                end, m = start + n - 1, 0
+                while m < up_to and end - m >= 0 and tokens[end - m] == tokens[length - 1 - m]:
+                    m += 1
+                return tokens[start + n:start + n + limit], m
+    return [], 0
 
 
 def propose_one(tokens: list[int], k: int = 3, n_min: int = 1, n_max: int = 4, max_drafts: int = 8) -> list[int]:
@@ -116,6 +121,7 @@ def test_propose_validation() -> None:
 
 @pytest.mark.parametrize("seed", range(5))
 def test_matches_brute_force_reference(seed: int) -> None:
+    """Drafts and match lengths, 1 to 12 requests (up to FEW_REQUESTS each is searched alone, beyond in one batch)."""
     rng = random.Random(seed)
     for _ in range(20):
         k, n_min = rng.randint(1, 6), rng.randint(1, 3)
@@ -123,5 +129,13 @@ def test_matches_brute_force_reference(seed: int) -> None:
         vocab = rng.choice([2, 3, 5, 20])
         seqs = [[rng.randrange(vocab) for _ in range(rng.randint(0, 60))] for _ in range(rng.randint(1, 12))]
         max_drafts = [rng.randint(0, 7) for _ in seqs]
-        got = NgramProposer(k, n_min, n_max).propose(seqs, max_drafts)
-        assert got == [reference(s, k, n_min, n_max, m) for s, m in zip(seqs, max_drafts)]
+        proposer = NgramProposer(k, n_min, n_max)
+        want = [reference(s, k, n_min, n_max, m) for s, m in zip(seqs, max_drafts)]
+        assert proposer.propose(seqs, max_drafts) == [d for d, _ in want]
+        assert proposer.propose_with_matches(seqs, max_drafts) == ([d for d, _ in want], [m for _, m in want])
+
+
+def test_match_lengths_measure_past_prompt_lookup_max() -> None:
+    tokens = [9, 1, 2, 3, 4, 5, 6, 8, 1, 2, 3, 4, 5, 6]  # the suffix 1..6 matches 6 tokens back, n_max is 2
+    drafts, matches = NgramProposer(3, 1, 2).propose_with_matches([tokens, [1, 2, 3]], [3, 3])
+    assert drafts == [[8, 1, 2], []] and matches == [6, 0]

@@ -1,0 +1,100 @@
+"""EAGLE drafting in CUDA graphs: the head as a DraftLoop net (lamina/spec/draft_loop.py), and one propose_fed call
+laid out as the loop's rows.
+
+    feed f: head positions [s, s + c) of one request (lamina/spec/eagle.py)    one catch-up row
+      input ids    token_ids[s + 1 : s + c + 1]                                the graph's static token slots
+      features     the step's rows [row, row + c) -> EagleNet.features          one copy into a static buffer
+      last / base  the flat index of position s + c - 1 / s + c - 1             (= N - 2 when f drafts)
+      limit        the request's drafts when f ends at N - 2, else 0 (fed only)
+
+A feed longer than q = k + 1 (a prompt chunk) is fed eagerly first: all of it, or all but its last position when
+it drafts (that one stays a row). Two loops share the net and its buffer: k drafts, and a feed-only one (the
+catch-up alone) for the steps where nobody drafts but the head must still see every position.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from lamina.graphs import TorchCUDAGraph
+from lamina.models.common import CausalLM
+from lamina.spec.draft_loop import CatchUp, DraftLoop
+from lamina.spec.eagle_head import EagleHead
+
+__all__ = ["EagleLoops", "EagleNet", "GraphRow"]
+
+
+class EagleNet:
+    """The EAGLE head as a LoopNet: the catch-up fuses `features` (filled before each replay, one row per token
+    slot); the steps carry the head's pre-norm output y."""
+
+    def __init__(self, head: EagleHead, target: CausalLM, max_tokens: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.head, self.target = head, target
+        width = len(head.cfg.aux_hidden_state_layers) * head.cfg.hidden_size
+        self.features = torch.zeros(max_tokens, width, dtype=dtype, device=device)
+
+    def catch_up(self, input_ids: torch.Tensor, positions: torch.Tensor, last: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.head.fc(self.features[:len(input_ids)])
+        normed, y = self.head(self.target.model.embed_tokens(input_ids), x, positions)
+        return self.target.compute_logits(normed.index_select(0, last)), y.index_select(0, last)
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, carry: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        normed, y = self.head(self.target.model.embed_tokens(tokens), carry, positions)
+        return self.target.compute_logits(normed), y
+
+
+@dataclass(slots=True)
+class GraphRow:
+    """One catch-up row: head positions [start, start + count) of a request, the step's feature rows
+    [row, row + count), and its drafts (0: fed only); index: the request's place in the call (-1: none)."""
+
+    token_ids: list[int] | tuple[int, ...]
+    block_ids: list[int]
+    start: int
+    count: int
+    row: int
+    limit: int
+    index: int
+
+
+class EagleLoops:
+    def __init__(self, head: EagleHead, target: CausalLM, k: int, max_batch_size: int, max_model_len: int,
+                 block_size: int, dtype: torch.dtype, device: torch.device, graph_cls: type = TorchCUDAGraph) -> None:
+        self.q, self.block_size = k + 1, block_size
+        self.net = EagleNet(head, target, max_batch_size * self.q, dtype, device)  # the largest bucket's slots
+        args = (max_batch_size, max_model_len, block_size, device, graph_cls, self.q)
+        self.drafting, self.feeding = DraftLoop(self.net, k, *args), DraftLoop(self.net, 1, *args)
+
+    def capture_all(self) -> None:
+        self.drafting.capture_all()
+        self.feeding.capture_all()
+
+    def fits(self, num_rows: int, width: int) -> bool:
+        return self.drafting.fits(num_rows, width, self.drafting.k)
+
+    def run(self, rows: list[GraphRow], features: torch.Tensor) -> list[list[int]]:
+        """Each row's drafts (its first `limit` tokens) after one replay; `features`: the step's [T, 3H]."""
+        bs, loop = self.block_size, self.drafting if any(r.limit for r in rows) else self.feeding
+        positions = np.concatenate([np.arange(r.start, r.start + r.count) for r in rows])
+        feature_rows = np.concatenate([np.arange(r.row, r.row + r.count) for r in rows])
+        row_of = np.repeat(np.arange(len(rows)), [r.count for r in rows])
+        width = max(len(r.block_ids) for r in rows)
+        table = np.array([list(r.block_ids) + [0] * (width - len(r.block_ids)) for r in rows], dtype=np.int64)
+        starts = np.concatenate(([0], np.cumsum([r.count for r in rows])))
+        batch = CatchUp(input_ids=[int(t) for r in rows for t in r.token_ids[r.start + 1:r.start + 1 + r.count]],
+                        positions=positions.tolist(),
+                        slot_mapping=(table[row_of, positions // bs] * bs + positions % bs).tolist(),
+                        query_start_loc=starts.tolist(), seq_lens=[r.start + r.count for r in rows],
+                        block_tables=table.tolist())
+        index = torch.from_numpy(feature_rows).to(features.device, non_blocking=True)
+        self.net.features[:len(feature_rows)].copy_(features.index_select(0, index))
+        out = loop.run(batch, (starts[1:] - 1).tolist(), [r.start + r.count - 1 for r in rows],
+                       [r.limit for r in rows])
+        if loop is self.feeding:  # nothing to read: no host sync, so a step launched ahead stays ahead
+            return [[] for _ in rows]
+        return [tokens[:r.limit] for r, tokens in zip(rows, out.tolist())]  # the one host read
