@@ -1,17 +1,17 @@
 """MatchAcceptance: how often an n-gram draft is accepted, by the length of the match it continues (issue #12).
 
 A prompt-lookup draft (lamina/spec/ngram.py) copies what followed an earlier occurrence of the request's last n
-tokens. Whether the model repeats it depends on n far more than on the request (the demo model's greedy text,
-256 tokens a prompt: the first draft of a 1-token match was accepted 33-44 % of the time, of a 5-token match
-87-98 %), and every accepted draft makes the match one token longer:
+tokens. Whether the model repeats it depends on n far more than on the request (scripts/ngram_match_stats.py on
+the demo model's own text, 256 tokens a prompt: the first draft of a 1-token match is accepted 33-44 % of the
+time, of a match of 5 or more 87-98 %), and every accepted draft makes the match one token longer:
 
     P(drafts 0..j of a match of n accepted) = a(n) * a(n + 1) * ... * a(n + j)      a(m) = a(MAX_MATCH), m > MAX_MATCH
 
 a(m) is pooled over every request from the verify steps (a draft tried at match length m, accepted or not; the
 drafts after a rejection were never tried), decayed by `decay` a step, with `prior_weight` pseudo-trials at
-a(m + 1) (a(MAX_MATCH)'s at `prior`). A per-request rate (SpecPolicy.alpha) averages a request's long and short matches
-into one number and stays low after one unlucky verify; this one decides each match on what matches of its
-length did.
+a(m + 1) (a(MAX_MATCH)'s at `prior`). A per-request rate (SpecPolicy.alpha) would average a request's long and
+short matches into one number and stay low after one unlucky verify; this one judges each match by what matches
+of its length did.
 """
 from __future__ import annotations
 
