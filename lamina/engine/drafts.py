@@ -82,7 +82,7 @@ def propose_drafts(proposer: Proposer, requests: list[Request], k: int, max_mode
     (SpecPolicy.observe_drafting)."""
     caps = [max_drafts(r, k, max_model_len) for r in requests]
     limits, ids, base = caps, [r.request_id for r in requests], 0
-    matching = callable(getattr(proposer, "propose_with_matches", None))  # a MatchingProposer (isinstance is slow)
+    matching = callable(getattr(proposer, "propose_with_matches", None))  # it tells its matches (Proposer's docs)
     if policy is not None:
         base = _base_tokens(requests)
         policy.observe_requests(requests)
@@ -101,8 +101,11 @@ def propose_drafts(proposer: Proposer, requests: list[Request], k: int, max_mode
     found = [len(r.spec_token_ids) for r in requests]
     kept = found
     if asking:
-        match_of = dict(zip(asking, matches)) if matching else None
-        request_matches = None if match_of is None else [match_of.get(i, 0) for i in range(len(requests))]
+        request_matches = None
+        if matching:
+            request_matches = [0] * len(requests)
+            for i, match in zip(asking, matches):
+                request_matches[i] = match
         # n-gram: a verify step commits the next step to a decision too, so its host time counts (at batch 8 on
         # the H200 a decision costs ~0.3 ms against a 0.6 ms step); a worker's drafts are already paid for
         kept = policy.draft_limits(ids, found, base, drafting_cost=matching, matches=request_matches)

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from lamina.engine import spec_policy_scalar as scalar
-from lamina.engine.match_acceptance import MatchAcceptance
+from lamina.engine.match_acceptance import MAX_MATCH, MatchAcceptance
 from lamina.engine.request import Request
 from lamina.engine.step_cost import StepCostModel
 from lamina.step import SchedulerOutput
@@ -209,29 +209,40 @@ class SpecPolicy:
         draft_s = self._draft_seconds if drafting_cost else 0.0
         bar = (1 + self.min_gain) * n / float(self.cost.cost(base))
         eligible = [i for i, c in enumerate(caps) if c > 0]
-        if certain:
-            chains = [[1.0] * caps[i] for i in eligible]
-        else:
-            chains = self.chains([request_ids[i] for i in eligible], [caps[i] for i in eligible],
-                                 None if matches is None else [int(matches[i]) for i in eligible])
+        ids, sub = [request_ids[i] for i in eligible], [caps[i] for i in eligible]
+        sub_matches = None if matches is None else [int(matches[i]) for i in eligible]
         if n <= scalar.SCALAR_MAX_REQUESTS:
-            chosen = self._limits_scalar(chains, n, base, draft_s, bar)
+            chosen = self._limits_scalar(self.chains(ids, sub, sub_matches, certain), n, base, draft_s, bar)
         else:
-            chosen = self._limits_numpy(chains, n, base, draft_s, bar)
+            caps_ = np.asarray(sub, dtype=np.int64)
+            chosen = self._limits_numpy(self.gains(ids, caps_, sub_matches, certain), caps_, n, base, draft_s, bar)
         limits = [0] * n
         for i, k in zip(eligible, chosen):
             limits[i] = k
         return limits
 
-    def chains(self, request_ids: Sequence[str], caps: Sequence[int], matches: Sequence[int] | None = None
-               ) -> list[list[float]]:
-        """[i][j]: the chance that request i's drafts 0..j are all accepted, j < caps[i]: alpha_i ** (j + 1), or
-        with `matches` MatchAcceptance's chain of each match length."""
+    def chains(self, request_ids: Sequence[str], caps: Sequence[int], matches: Sequence[int] | None = None,
+               certain: bool = False) -> list[list[float]]:
+        """[i][j]: the chance that request i's drafts 0..j are all accepted, j < caps[i]: alpha_i ** (j + 1), with
+        `matches` MatchAcceptance's chain of each match length, 1 when `certain`."""
+        if certain:
+            return [[1.0] * c for c in caps]
         if matches is not None:
             return [self.matches.chain(m, c, self.steps) for m, c in zip(matches, caps)]
-        alphas = [self.alpha(r) for r in request_ids] if len(caps) <= scalar.SCALAR_MAX_REQUESTS else \
-            self.alphas(request_ids).tolist()
-        return [[a ** (j + 1) for j in range(c)] for a, c in zip(alphas, caps)]
+        return [[a ** (j + 1) for j in range(c)] for a, c in zip((self.alpha(r) for r in request_ids), caps)]
+
+    def gains(self, request_ids: Sequence[str], caps: np.ndarray, matches: Sequence[int] | None = None,
+              certain: bool = False) -> np.ndarray:
+        """`chains` as a [requests, max cap] matrix, 0 past each cap: the numpy path's form, built by array ops."""
+        depth = np.arange(1, int(caps.max()) + 1)
+        if certain:
+            p = np.ones((len(caps), len(depth)))
+        elif matches is not None:
+            rates = np.asarray(self.matches.rates(self.steps))
+            p = np.cumprod(rates[np.minimum(np.asarray(matches)[:, None] + depth[None, :] - 1, MAX_MATCH)], axis=1)
+        else:
+            p = self.alphas(request_ids)[:, None] ** depth[None, :]
+        return np.where(depth[None, :] <= caps[:, None], p, 0.0)
 
     def _limits_scalar(self, chains: list[list[float]], n: int, base: int, draft_s: float, bar: float) -> list[int]:
         """The eligible requests' limits for a few requests, in plain Python (lamina/engine/spec_policy_scalar.py)."""
@@ -240,15 +251,12 @@ class SpecPolicy:
             return [min(len(c), depth) for c in chains]
         return scalar.greedy_limits(chains, n, base, draft_s, bar, self.cost.cost)
 
-    def _limits_numpy(self, chains: list[list[float]], n: int, base: int, draft_s: float, bar: float) -> list[int]:
-        """The eligible requests' limits over arrays: the path for many requests."""
-        caps = np.fromiter((len(c) for c in chains), np.int64, len(chains))
-        depth = np.arange(1, int(caps.max()) + 1)
-        allowed = depth[None, :] <= caps[:, None]
-        gains = np.zeros(allowed.shape)
-        gains[allowed] = np.fromiter((p for c in chains for p in c), np.float64, int(caps.sum()))
+    def _limits_numpy(self, gains: np.ndarray, caps: np.ndarray, n: int, base: int, draft_s: float,
+                      bar: float) -> list[int]:
+        """The eligible requests' limits over arrays (`gains`: [requests, max cap]): the path for many requests."""
         if base == n and self._graph_q(n, 1):
             return self._uniform(gains, caps, n, draft_s, bar).tolist()
+        allowed = np.arange(1, gains.shape[1] + 1)[None, :] <= caps[:, None]
         return self._greedy(gains, allowed, n, base, draft_s, bar).tolist()
 
     def _uniform(self, gains: np.ndarray, caps: np.ndarray, n: int, draft_s: float, bar: float) -> np.ndarray:

@@ -117,7 +117,7 @@ CPU_WEIGHT_MAJOR_MAX_ROWS = 8
 def weight_major_for(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether small_batch_matmul computes x @ W.T as (W @ x.T).T: a float32 CPU x of 1..CPU_WEIGHT_MAJOR_MAX_ROWS
     rows and a float32 weight."""
-    if x.is_cuda or x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu":
+    if x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32:
         return False
     rows = x.numel() // max(1, x.shape[-1])
     return 1 <= rows <= CPU_WEIGHT_MAJOR_MAX_ROWS

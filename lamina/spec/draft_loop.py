@@ -52,6 +52,19 @@ class CatchUp:
         return len(self.seq_lens)
 
 
+def block_table(tables: Sequence[Sequence[int]]) -> np.ndarray:
+    """[B, W] int32: each row's block ids, padded with 0 (the null block) to the widest."""
+    out = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int32)
+    for i, blocks in enumerate(tables):
+        out[i, :len(blocks)] = blocks
+    return out
+
+
+def slot_mapping(table: np.ndarray, row_of: np.ndarray, positions: np.ndarray, block_size: int) -> np.ndarray:
+    """[T] int64: the KV slot of each token, positions[t] of row row_of[t] of `table` (block_table's layout)."""
+    return table[row_of, positions // block_size].astype(np.int64) * block_size + positions % block_size
+
+
 class LoopNet(Protocol):
     """What a DraftLoop runs (inside a graph: device tensors in, device tensors out, no host reads)."""
 

@@ -39,7 +39,7 @@ from lamina.device import packed_to_device
 from lamina.kv.cache import KVCache, allocate_kv_caches, bind_kv_caches, kv_cache_bytes_per_block
 from lamina.loader.hf_config import load_model_arch
 from lamina.loader.model_loader import load_model
-from lamina.spec.draft_loop import CatchUp, DraftLoop, ModelNet
+from lamina.spec.draft_loop import CatchUp, DraftLoop, ModelNet, block_table, slot_mapping
 from lamina.spec.model_proposer import DraftRequest
 
 __all__ = ["DraftModelProposer"]
@@ -135,7 +135,7 @@ class DraftModelProposer:
         rows = self._plan(requests)
         if not rows:
             return drafts
-        table = _block_table([r.request.block_ids for r in rows])
+        table = block_table([r.request.block_ids for r in rows])
         if self.loop is not None and self.loop.fits(len(rows), table.shape[1], rows[0].limit):
             return self._propose_in_graph(rows, table, drafts)
         table_dev = torch.from_numpy(table).to(self.device, non_blocking=True)
@@ -182,7 +182,7 @@ class DraftModelProposer:
         row_of = np.repeat(np.arange(len(rows)), lens)
         query_start = np.concatenate(([0], np.cumsum(lens)))
         positions = np.array([r.start for r in rows])[row_of] + np.arange(len(ids)) - query_start[:-1][row_of]
-        sub_table = _block_table([r.request.block_ids for r in rows])
+        sub_table = block_table([r.request.block_ids for r in rows])
         table_dev = torch.from_numpy(sub_table).to(self.device, non_blocking=True)
         self._draft(ids, positions, self._slots(sub_table, row_of, positions), query_start,
                     np.array([r.n - 1 for r in rows], dtype=np.int64), table_dev)
@@ -247,8 +247,7 @@ class DraftModelProposer:
         return self._draft(previous, positions, slots, query_start, positions + 1, table_dev[:len(rows)])
 
     def _slots(self, table: np.ndarray, row_of: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        bs = self.block_size
-        return table[row_of, positions // bs].astype(np.int64) * bs + positions % bs
+        return slot_mapping(table, row_of, positions, self.block_size)
 
     def _draft(self, ids: np.ndarray | torch.Tensor, positions: np.ndarray, slots: np.ndarray,
                query_start: np.ndarray, seq_lens: np.ndarray, table_dev: torch.Tensor) -> torch.Tensor:
@@ -269,10 +268,3 @@ class DraftModelProposer:
             hidden = hidden.index_select(0, moved[2])
         return self.model.compute_logits(hidden).argmax(dim=-1)
 
-
-def _block_table(tables: list[list[int]]) -> np.ndarray:
-    """[B, W] int32: each row's block ids, padded with 0 (the null block) to the widest."""
-    out = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int32)
-    for i, blocks in enumerate(tables):
-        out[i, :len(blocks)] = blocks
-    return out

@@ -38,6 +38,7 @@ from lamina.kv.cache import KVCache, allocate_kv_caches, bind_kv_caches, kv_cach
 from lamina.models.common import CausalLM
 from lamina.models.names import format_names
 from lamina.spec.eagle_head import FIELD, WEIGHTS, EagleHead, read_head_config
+from lamina.spec.draft_loop import block_table, slot_mapping
 from lamina.spec.eagle_loop import EagleLoops, GraphRow
 from lamina.spec.model_proposer import DraftRequest
 
@@ -141,9 +142,9 @@ class EagleProposer:
         if not feeds:
             return drafts
         limits = self._limits(requests, feeds)
-        rows = self._graph_rows(feeds, limits) if self.loops is not None else None
-        if rows is not None:
-            return self._propose_in_graph(feeds, limits, rows, features, drafts)
+        plan = self._graph_plan(feeds, limits) if self.loops is not None else None
+        if plan is not None:
+            return self._propose_in_graph(*plan, features, drafts)
         return self._propose_eagerly(feeds, requests, limits, features, drafts)
 
     def _propose_eagerly(self, feeds: list[Feed], requests: list[DraftRequest], limits: dict[str, tuple[int, int]],
@@ -187,25 +188,28 @@ class EagleProposer:
             limits[request.req_id] = (index, limit)
         return limits
 
-    def _graph_rows(self, feeds: list[Feed], limits: dict[str, tuple[int, int]]) -> list[GraphRow] | None:
-        """The loop's rows (a drafting feed longer than q keeps only its last position), or None when they do
-        not fit the captured graphs (the call then runs eagerly)."""
-        rows = []
+    def _graph_plan(self, feeds: list[Feed], limits: dict[str, tuple[int, int]]
+                    ) -> tuple[list[GraphRow], list[Feed]] | None:
+        """(the loop's rows, the feeds fed eagerly first), or None when the rows do not fit the captured graphs (the
+        call then runs eagerly). A feed longer than q is fed eagerly: all of it, or all but its last position when
+        it drafts (that one stays a row)."""
+        rows, eager = [], []
         for f in feeds:
             index, limit = limits.get(f.req_id, (-1, 0))
-            skip = max(f.count - 1, 0) if f.count > self.loops.q else 0
-            if skip and not limit:
-                continue  # a prompt chunk: fed eagerly, all of it
-            rows.append(GraphRow(f.token_ids, f.block_ids, f.start + skip, f.count - skip, f.row + skip, limit, index))
+            if f.count <= self.loops.q:
+                rows.append(GraphRow(f.token_ids, f.block_ids, f.start, f.count, f.row, limit, index))
+            elif limit:
+                eager.append(dataclasses.replace(f, count=f.count - 1))
+                rows.append(GraphRow(f.token_ids, f.block_ids, f.start + f.count - 1, 1, f.row + f.count - 1, limit,
+                                     index))
+            else:
+                eager.append(f)
         width = max(len(f.block_ids) for f in feeds)
-        return rows if self.loops.fits(len(rows), width) else None
+        return (rows, eager) if self.loops.fits(len(rows), width) else None
 
-    def _propose_in_graph(self, feeds: list[Feed], limits: dict[str, tuple[int, int]], rows: list[GraphRow],
-                          features: torch.Tensor, drafts: list[list[int]]) -> list[list[int]]:
-        """Feed the long feeds eagerly (but for a drafting one's last position), then one replay for every row."""
-        drafting = set(limits)
-        eager = [dataclasses.replace(f, count=f.count - (f.req_id in drafting)) for f in feeds
-                 if f.count > self.loops.q]
+    def _propose_in_graph(self, rows: list[GraphRow], eager: list[Feed], features: torch.Tensor,
+                          drafts: list[list[int]]) -> list[list[int]]:
+        """Feed `eager` eagerly, then one replay for every row."""
         if eager:
             self._catch_up(eager, features)
         if not rows:
@@ -224,7 +228,7 @@ class EagleProposer:
         row_of = np.repeat(np.arange(len(feeds)), [f.count for f in feeds])
         query_start = np.concatenate(([0], np.cumsum([f.count for f in feeds])))
         seq_lens = np.array([f.start + f.count for f in feeds], dtype=np.int64)
-        table = _block_table([f.block_ids for f in feeds])
+        table = block_table([f.block_ids for f in feeds])
         ids_dev, pos_dev, rows_dev = packed_to_device([ids, positions, rows], np.int64, self.device)
         x = self.head.fc(features.index_select(0, rows_dev).to(self.dtype))
         return self._forward(ids_dev, x, pos_dev, self._slots(table, row_of, positions), query_start, seq_lens,
@@ -234,7 +238,7 @@ class EagleProposer:
               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft step j: feed (draft j - 1, y) at position N - 2 + j of each request; (draft j, new y)."""
         positions = np.array([len(r.token_ids) - 2 + j for r in requests], dtype=np.int64)
-        table = _block_table([r.block_ids for r in requests])
+        table = block_table([r.block_ids for r in requests])
         slots = self._slots(table, np.arange(len(requests)), positions)
         (pos_dev,) = packed_to_device([positions], np.int64, self.device)
         normed, y = self._forward(token, y, pos_dev, slots, np.arange(len(requests) + 1), positions + 1, table)
@@ -253,13 +257,5 @@ class EagleProposer:
             return self.head(self.target.model.embed_tokens(ids), x, positions)
 
     def _slots(self, table: np.ndarray, row_of: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        bs = self.block_size
-        return table[row_of, positions // bs].astype(np.int64) * bs + positions % bs
+        return slot_mapping(table, row_of, positions, self.block_size)
 
-
-def _block_table(tables: list[list[int]]) -> np.ndarray:
-    """[B, W] int32: each row's block ids, padded with 0 (the null block) to the widest."""
-    out = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int32)
-    for i, blocks in enumerate(tables):
-        out[i, :len(blocks)] = blocks
-    return out

@@ -20,7 +20,7 @@ import torch
 
 from lamina.graphs import TorchCUDAGraph
 from lamina.models.common import CausalLM
-from lamina.spec.draft_loop import CatchUp, DraftLoop
+from lamina.spec.draft_loop import CatchUp, DraftLoop, block_table, slot_mapping
 from lamina.spec.eagle_head import EagleHead
 
 __all__ = ["EagleLoops", "EagleNet", "GraphRow"]
@@ -79,16 +79,15 @@ class EagleLoops:
 
     def run(self, rows: list[GraphRow], features: torch.Tensor) -> list[list[int]]:
         """Each row's drafts (its first `limit` tokens) after one replay; `features`: the step's [T, 3H]."""
-        bs, loop = self.block_size, self.drafting if any(r.limit for r in rows) else self.feeding
+        loop = self.drafting if any(r.limit for r in rows) else self.feeding
         positions = np.concatenate([np.arange(r.start, r.start + r.count) for r in rows])
         feature_rows = np.concatenate([np.arange(r.row, r.row + r.count) for r in rows])
         row_of = np.repeat(np.arange(len(rows)), [r.count for r in rows])
-        width = max(len(r.block_ids) for r in rows)
-        table = np.array([list(r.block_ids) + [0] * (width - len(r.block_ids)) for r in rows], dtype=np.int64)
+        table = block_table([r.block_ids for r in rows])
         starts = np.concatenate(([0], np.cumsum([r.count for r in rows])))
         batch = CatchUp(input_ids=[int(t) for r in rows for t in r.token_ids[r.start + 1:r.start + 1 + r.count]],
                         positions=positions.tolist(),
-                        slot_mapping=(table[row_of, positions // bs] * bs + positions % bs).tolist(),
+                        slot_mapping=slot_mapping(table, row_of, positions, self.block_size).tolist(),
                         query_start_loc=starts.tolist(), seq_lens=[r.start + r.count for r in rows],
                         block_tables=table.tolist())
         index = torch.from_numpy(feature_rows).to(features.device, non_blocking=True)

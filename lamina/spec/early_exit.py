@@ -25,7 +25,7 @@ import torch
 
 from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
 from lamina.models.common import CausalLM
-from lamina.spec.draft_loop import CatchUp, DraftLoop, ModelNet
+from lamina.spec.draft_loop import CatchUp, DraftLoop, ModelNet, block_table
 from lamina.spec.model_proposer import DraftRequest
 
 __all__ = ["EarlyExitProposer", "resolve_exit_layer"]
@@ -101,7 +101,7 @@ class EarlyExitProposer:
         batch = CatchUp(input_ids=[int(r.token_ids[-1]) for r in requests], positions=positions,
                         slot_mapping=[r.block_ids[p // bs] * bs + p % bs for r, p in zip(requests, positions)],
                         query_start_loc=list(range(n + 1)), seq_lens=[p + 1 for p in positions],
-                        block_tables=_padded_tables(requests))
+                        block_tables=block_table([r.block_ids for r in requests]).tolist())
         out = self.loop.run(batch, list(range(n)), positions, [r.num_drafts for r in requests])
         return [tokens[:r.num_drafts] for r, tokens in zip(requests, out.tolist())]
 
@@ -130,8 +130,8 @@ class EarlyExitProposer:
             query_start_loc_cpu=starts, seq_lens_cpu=seq_lens)
 
     def _block_tables(self, requests: list[DraftRequest]) -> torch.Tensor:
-        """[B, W] int32 on the device: _padded_tables."""
-        return torch.tensor(_padded_tables(requests), dtype=torch.int32, device=self.device)
+        """[B, W] int32 on the device: block_table."""
+        return torch.from_numpy(block_table([r.block_ids for r in requests])).to(self.device)
 
     def _check_blocks(self, request: DraftRequest) -> None:
         """The blocks must cover every position drafting writes: [0, N - 1 + num_drafts)."""
@@ -140,8 +140,3 @@ class EarlyExitProposer:
             raise ValueError(f"request {request.req_id!r}: {len(request.block_ids)} block(s) of {self.block_size} "
                              f"do not cover positions [0, {needed}) for num_drafts={request.num_drafts} (>= 1)")
 
-
-def _padded_tables(requests: list[DraftRequest]) -> list[list[int]]:
-    """Each request's block ids, padded with 0 (the null block) to the widest."""
-    width = max(len(r.block_ids) for r in requests)
-    return [list(r.block_ids) + [0] * (width - len(r.block_ids)) for r in requests]

@@ -15,7 +15,7 @@ from lamina.config import ModelArch, SpeculativeConfig
 from lamina.spec.model_proposer import ModelProposer
 from lamina.spec.ngram import NgramProposer
 
-__all__ = ["MatchingProposer", "Proposer", "make_proposer", "make_model_proposer"]
+__all__ = ["Proposer", "make_proposer", "make_model_proposer"]
 
 
 @runtime_checkable
@@ -31,19 +31,13 @@ class Proposer(Protocol):
     - `len(drafts[i]) <= max_drafts[i]` always, and may be anything from 0 to that bound (0: no guess;
       the request then decodes one token as without speculation). `max_drafts[i] == 0` gives [].
     - Draft ids are token ids of the target's vocabulary (the proposer shares the target's tokenizer).
+
+    A proposer that copies drafts from an earlier match (n-gram) may also have `propose_with_matches(token_ids,
+    max_drafts) -> (drafts, match lengths)`: the adaptive policy then judges each draft by its match's length
+    (lamina/engine/match_acceptance.py).
     """
 
     def propose(self, token_ids: list[Sequence[int]], max_drafts: list[int]) -> list[list[int]]:
-        ...
-
-
-@runtime_checkable
-class MatchingProposer(Proposer, Protocol):
-    """A proposer that copies drafts from an earlier match (n-gram) and tells each match's length: the adaptive
-    policy judges a draft by it (lamina/engine/match_acceptance.py)."""
-
-    def propose_with_matches(self, token_ids: list[Sequence[int]], max_drafts: list[int]
-                             ) -> tuple[list[list[int]], list[int]]:
         ...
 
 

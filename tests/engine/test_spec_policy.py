@@ -323,9 +323,9 @@ def test_scalar_path_chooses_as_the_numpy_path(graphs: bool) -> None:
         matches = rng.integers(1, 9, size=len(eligible)).tolist() if trial % 2 else None
         for m in matches or []:
             policy.matches.observe(m, int(rng.integers(1, 8)), int(rng.integers(0, 8)), policy.steps)
-        chains = policy.chains([ids[i] for i in eligible], [caps[i] for i in eligible], matches)
-        fast = policy._limits_scalar(chains, n, base, draft_s, bar)
-        slow = policy._limits_numpy(chains, n, base, draft_s, bar)
+        sub_ids, sub_caps = [ids[i] for i in eligible], np.asarray([caps[i] for i in eligible])
+        fast = policy._limits_scalar(policy.chains(sub_ids, sub_caps.tolist(), matches), n, base, draft_s, bar)
+        slow = policy._limits_numpy(policy.gains(sub_ids, sub_caps, matches), sub_caps, n, base, draft_s, bar)
         differ += fast != slow
         drafting += any(slow)
         assert policy.alphas(ids).tolist() == pytest.approx([policy.alpha(r) for r in ids], rel=1e-12)

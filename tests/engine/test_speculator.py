@@ -9,17 +9,23 @@ from lamina.engine.speculator import MATCH_MAX_REST, MAX_REST, Rest
 from tests.helpers.tiny_models import make_tiny_model
 
 
-def test_rest_doubles_while_nobody_drafts_and_resets_on_drafts() -> None:
+def rest_pattern(steps: int, verdict_at) -> str:  # noqa: ANN001 - step -> the Verdict decided there
+    """'d' for each step that decides (with verdict_at(step)), '.' for each step of a pause."""
     rest, pattern = Rest(), []
-    for _ in range(40):
+    for step in range(steps):
         if rest.resting():
             pattern.append(".")
             continue
         pattern.append("d")
-        rest.decided(Verdict.OFF)
-    assert "".join(pattern).startswith("d.d..d....d........d")  # pauses of 1, 2, 4, 8, 16 steps
-    assert max(map(len, "".join(pattern).split("d"))) <= MAX_REST
-    rest.left = 0
+        rest.decided(verdict_at(step))
+    return "".join(pattern)
+
+
+def test_rest_doubles_while_nobody_drafts_and_resets_on_drafts() -> None:
+    text = rest_pattern(40, lambda step: Verdict.OFF)
+    assert text.startswith("d.d..d....d........d")  # pauses of 1, 2, 4, 8, 16 steps
+    assert max(map(len, text.split("d"))) <= MAX_REST
+    rest = Rest(left=0, length=8)
     rest.decided(Verdict.DRAFTING)
     assert (rest.left, rest.length) == (0, 1)
 
@@ -27,14 +33,7 @@ def test_rest_doubles_while_nobody_drafts_and_resets_on_drafts() -> None:
 def test_a_step_without_a_match_worth_drafting_pauses_briefly() -> None:
     """n-gram: where drafts could pay but none was found, the pause stays at most MATCH_MAX_REST steps, also after
     a long pause of steps where drafts could not pay."""
-    rest, pattern = Rest(), []
-    for step in range(30):
-        if rest.resting():
-            pattern.append(".")
-            continue
-        pattern.append("d")
-        rest.decided(Verdict.OFF if step < 10 else Verdict.NOTHING_FOUND)
-    text = "".join(pattern)
+    text = rest_pattern(30, lambda step: Verdict.OFF if step < 10 else Verdict.NOTHING_FOUND)
     assert text[:10] == "d.d..d...." and text[10:].startswith("d..d..d..") and MATCH_MAX_REST == 2
 
 
