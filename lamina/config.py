@@ -258,7 +258,9 @@ class KernelChoice:
     """
 
     fused_ops: bool = True  # RMSNorm (+ residual add), RoPE, q/k-norm + RoPE, SiLU-and-mul: lamina.kernels.fused_ops
-    gemv: bool = True  # decode-sized matmuls (at most gemv.MAX_M rows): lamina.kernels.gemv instead of cuBLAS
+    # decode-sized matmuls: lamina.kernels.gemv instead of cuBLAS (16-bit weights, at most gemv.MAX_M rows); for
+    # quantized weights wna16_gemv and wna16_mma (at most wna16_mma.MAX_M rows) instead of dequantize + cuBLAS
+    gemv: bool = True
 
     def __post_init__(self) -> None:
         for name in ("fused_ops", "gemv"):

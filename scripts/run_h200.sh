@@ -25,6 +25,10 @@
 #         spec-graphs    lamina.bench.spec: n-gram (default k = 7 and k = 3, adaptive and fixed), EAGLE and the draft
 #                        model (drafting in CUDA graphs), batch 1 sets + batch 1, 8, 128
 #         spec-projection  lamina.bench.spec_projection --k 7 (Llama-3-8B shape: verify of 8 tokens vs decode)
+#         spec-batch     lamina.bench.spec: n-gram (default, k fixed) vs off at batch 1, 8, 32, 128, 256 only
+#         spec-final     lamina.bench.spec: n-gram (default, k fixed) vs off, batch 1 sets + batch 1, 8, 32, 128, 256
+#         quant-engine   lamina.bench.quant_speed --skip-kernels (8B-shape decode, batch 1 and 8: bf16, int4, int8)
+#         mma-sweep      scripts/wna16_mma_sweep.py (tensor-core W4A16 / W8A16 vs GEMV, dequantize + cuBLAS, bf16)
 #         eagle-train    the demo EAGLE head trained on the H200 (scripts/demo_model/eagle_device.sh) into
 #                        $OUT/demo-eagle-gpu, copied over lamina/assets/demo-eagle when it beats the shipped one
 set -u
@@ -90,6 +94,12 @@ for step in "$@"; do
         eagle-train)
             run eagle-data env PYTHONPATH=. python scripts/demo_model/medusa_data.py --out /tmp/medusa-data
             run eagle-train env OUT="$OUT" bash scripts/demo_model/eagle_device.sh /tmp/medusa-data "$EAGLE_SHIPPED" ;;
+        spec-batch) run spec-batch python -m lamina.bench.spec --methods ngram,ngram-fixed --prompt-sets "" --repeats 5 \
+                        --new-tokens 256 --batch-sizes 1,8,32,128,256 --result-file "$OUT/spec-batch.json" ;;
+        spec-final) run spec-final python -m lamina.bench.spec --methods ngram,ngram-fixed --new-tokens 256 \
+                        --batch-sizes 1,8,32,128,256 --repeats 3 --result-file "$OUT/spec-final.json" ;;
+        quant-engine) run quant-engine python -m lamina.bench.quant_speed --skip-kernels ;;
+        mma-sweep) run mma-sweep env PYTHONPATH=. python scripts/wna16_mma_sweep.py ;;
         quant-w8a8) run quant-w8a8 python scripts/quant_w8a8_gpu_check.py --result-file "$OUT/quant-w8a8.json" ;;
         *) echo "unknown step: $step"; status=2 ;;
     esac

@@ -96,11 +96,13 @@ def _timed(llm: LLM, batches: list[tuple[list[str], SamplingParams]], bar) -> di
     return {"tok_s": tokens / seconds, **_spec_fields(before, after), **steps}
 
 
-def workloads(new_tokens: int, batch_sizes: list[int]) -> list[tuple[dict, list[tuple[list[str], SamplingParams]]]]:
-    """(row key, batches) of every row: batch 1 per prompt set and temperature (each prompt alone), then
-    throughput per batch size (that many prompts at once, temperature 0.6)."""
+def workloads(new_tokens: int, batch_sizes: list[int], prompt_sets: list[str] | None = None,
+              ) -> list[tuple[dict, list[tuple[list[str], SamplingParams]]]]:
+    """(row key, batches) of every row: batch 1 per prompt set (`prompt_sets`, None: all) and temperature (each
+    prompt alone), then throughput per batch size (that many prompts at once, temperature 0.6)."""
     rows = []
-    for name, prompts in PROMPT_SETS.items():
+    for name in PROMPT_SETS if prompt_sets is None else prompt_sets:
+        prompts = PROMPT_SETS[name]
         for temperature in TEMPERATURES:
             params = SamplingParams(temperature=temperature, max_tokens=new_tokens, ignore_eos=True, seed=0)
             rows.append(({"section": "batch_one", "prompts": name, "temperature": temperature},
@@ -121,7 +123,7 @@ def _median_row(key: dict, measured: list[dict]) -> dict:
 
 def run(model_dir: str, methods: list[str], k: int | None, new_tokens: int, batch_sizes: list[int], engine_args: dict,
         draft_model: str = DEMO_DRAFT, medusa_model: str = DEMO_MEDUSA, repeats: int = 3,
-        disable_progress: bool = False) -> dict:
+        disable_progress: bool = False, prompt_sets: list[str] | None = None) -> dict:
     """Every engine is built first; then each row is measured `repeats` times, the engines taking turns within
     each repeat (so that a slow spell of the host hits them all), and the median is kept."""
     from tqdm.auto import tqdm
@@ -132,8 +134,9 @@ def run(model_dir: str, methods: list[str], k: int | None, new_tokens: int, batc
     warm_up = [p for prompts in PROMPT_SETS.values() for p in prompts]  # every prompt length's kernels
     for llm in engines.values():
         llm.generate(warm_up, SamplingParams(max_tokens=8), use_tqdm=False)
-    rows = workloads(new_tokens, batch_sizes)
-    per_engine = (len(TEMPERATURES) * sum(map(len, PROMPT_SETS.values())) + sum(batch_sizes)) * new_tokens
+    rows = workloads(new_tokens, batch_sizes, prompt_sets)
+    batch_one = sum(len(batches) for key, batches in rows if key["section"] == "batch_one")
+    per_engine = (batch_one + sum(batch_sizes)) * new_tokens
     bar = tqdm(total=repeats * len(labels) * per_engine, desc="spec", unit="tok", disable=disable_progress)
     measured = {label: [[] for _ in rows] for label in labels}
     for _ in range(repeats):
@@ -188,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
                              "either with @K: num_speculative_tokens K (ngram@7)")
     parser.add_argument("--k", type=int, default=None, help="num_speculative_tokens (default: each method's own)")
     parser.add_argument("--batch-sizes", default="1,8,32", help="throughput rows (comma-separated)")
+    parser.add_argument("--prompt-sets", default=",".join(PROMPT_SETS),
+                        help=f"batch-1 rows: comma-separated, of {', '.join(PROMPT_SETS)} (empty: none)")
     parser.add_argument("--draft-model", default=DEMO_DRAFT, help="the draft_model method's checkpoint")
     parser.add_argument("--medusa-model", default=DEMO_MEDUSA, help="the medusa method's heads directory")
     parser.add_argument("--repeats", type=int, default=3, help="measurements of each row (the median is kept)")
@@ -199,10 +204,13 @@ def main(argv: list[str] | None = None) -> int:
                      or not (m.partition("@")[2] or "3").isdigit())
     if unknown:
         parser.error(f"--methods: unknown {unknown}; allowed: {list(METHODS)}")
+    prompt_sets = _csv(args.prompt_sets, str)
+    if unknown_sets := sorted(set(prompt_sets) - PROMPT_SETS.keys()):
+        parser.error(f"--prompt-sets: unknown {unknown_sets}; allowed: {list(PROMPT_SETS)}")
     kv_bytes = args.kv_cache_memory_bytes or (4 << 30 if torch.cuda.is_available() else None)
     engine_args = {} if kv_bytes is None else {"kv_cache_memory_bytes": kv_bytes}
     report = run(args.model, methods, args.k, args.new_tokens, _csv(args.batch_sizes, int), engine_args,
-                 args.draft_model, args.medusa_model, args.repeats, args.disable_tqdm)
+                 args.draft_model, args.medusa_model, args.repeats, args.disable_tqdm, prompt_sets)
     print_tables(report)
     write_report(args.result_file, report)
     return 0

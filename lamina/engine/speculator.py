@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -27,6 +28,10 @@ MAX_REST = 32  # steps: the longest pause of the policy's decisions while specul
 # by one with a match (a repeat with a gap): for 1 or 2 steps, so a repeat goes unnoticed for at most 2 (a decision
 # at batch 1 costs one synchronous step, ~0.1 ms more than one launched ahead on the H200)
 MATCH_MAX_REST = 2
+# ... unless deciding costs more: consecutive steps without a match worth drafting pause longer, up to as many steps
+# as keep the decisions' host time under this share of the steps' time (a decision for 32 requests costs ~1.5 ms
+# on the H200 host, a step 1.5-1.9 ms: pauses of up to 2 made the default 0.71x at batch 32, 0.65x at 256)
+DECISION_BUDGET = 0.05
 
 
 @dataclass
@@ -36,7 +41,8 @@ class Rest:
     does not pay costs next to nothing; a step with drafts resets the pause to 1. A worker-side proposer's step
     counts as drafting when the policy allowed drafts, whether the proposer found any or not. n-gram's step
     without a match worth drafting (Verdict.NOTHING_FOUND) pauses for at most MATCH_MAX_REST steps (pauses of up
-    to 8 there: adaptive n-gram verified on 238 steps where k fixed verified on 374, H200, k = 7)."""
+    to 8 there: adaptive n-gram verified on 238 steps where k fixed verified on 374, H200, k = 7), or longer where a
+    decision costs a large share of a step (`decision_share`: its host time over the step's, DECISION_BUDGET)."""
 
     left: int = 0
     length: int = 1
@@ -47,11 +53,12 @@ class Rest:
             return True
         return False
 
-    def decided(self, verdict: Verdict) -> None:
+    def decided(self, verdict: Verdict, decision_share: float = 0.0) -> None:
         if verdict is Verdict.DRAFTING:
             self.length = 1
         elif verdict is Verdict.NOTHING_FOUND:
-            self.left, self.length = min(self.length, MATCH_MAX_REST), min(2 * self.length, MATCH_MAX_REST)
+            longest = min(MAX_REST, max(MATCH_MAX_REST, math.ceil(decision_share / DECISION_BUDGET) - 1))
+            self.left, self.length = min(self.length, longest), min(2 * self.length, longest)
         else:
             self.left, self.length = self.length, min(2 * self.length, MAX_REST)
 
@@ -67,6 +74,7 @@ class Speculator:
         self.proposer = make_proposer(config)  # None: the worker drafts
         self._arrays = TokenArrays()  # the drafting requests' tokens as numpy arrays, for the n-gram proposer
         self._rest = Rest()
+        self._decision_share = 0.0  # a decision's host time over the step's (EMA), for Rest
 
     @property
     def num_lookahead_tokens(self) -> int:
@@ -107,12 +115,19 @@ class Speculator:
             verdict = propose_drafts(self.proposer, running, self.k, self.max_model_len, self._arrays, self.policy,
                                      self.stats)
             if self.policy is not None:
-                self._rest.decided(verdict)
                 # the whole decision's host time (policy, proposal, bookkeeping) is what drafting costs a step
-                self.policy.observe_drafting(len(running), time.perf_counter() - start)
+                seconds = time.perf_counter() - start
+                self.policy.observe_drafting(len(running), seconds)
+                self._observe_decision(seconds, step_seconds)
+                self._rest.decided(verdict, self._decision_share)
         elif verified or result.draft_token_ids:
             self._take_worker_drafts(result, running)
         self.stats.draft_seconds += time.perf_counter() - start
+
+    def _observe_decision(self, seconds: float, step_seconds: float) -> None:
+        if step_seconds > 0:
+            share = seconds / step_seconds
+            self._decision_share = 0.9 * self._decision_share + 0.1 * share if self._decision_share else share
 
     def _take_worker_drafts(self, result: ModelRunnerOutput, running: list[Request]) -> None:
         """The worker's drafts, cut to max_drafts and to what still pays (the policy, with the drafts found)."""

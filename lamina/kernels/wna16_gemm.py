@@ -24,6 +24,9 @@ import triton
 import triton.language as tl
 
 from lamina.kernels.wna16_gemv import CHANNEL_GROUP, check_inputs
+from lamina.kernels.wna16_mma import _in_k_order
+
+DEQUANTIZE_BLOCK = (32, 256)  # (rows, values of K) per program of the dequantize pass
 
 
 @dataclass(frozen=True)
@@ -133,27 +136,45 @@ def wna16_gemm(x: torch.Tensor, words: torch.Tensor, scale: torch.Tensor, zero_p
 
 
 @triton.jit
-def _dequantize_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, group_size, stride_wn, stride_sn, stride_zn,
+def _field(words, SHIFT: tl.constexpr, BITS: tl.constexpr):
+    return (words >> SHIFT) & ((1 << BITS) - 1)
+
+
+@triton.jit
+def _dequantize_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, KW, group_size, stride_wn, stride_sn, stride_zn,
                        BITS: tl.constexpr, XOR: tl.constexpr, HAS_ZERO: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr):
-    """out[N, K] = (u - OFFSET - z) * s in out's dtype: one rounding, the reference path's weight."""
+    """out[N, K] = (u - OFFSET - z) * s in out's dtype: one rounding, the reference path's weight. Each word is
+    loaded once, its fields taken with constant shifts and joined into K order (wna16_mma._in_k_order), so the
+    store is contiguous."""
     PACK: tl.constexpr = 32 // BITS
     OFFSET: tl.constexpr = 1 << (BITS - 1)
+    BLOCK_KW: tl.constexpr = BLOCK_K // PACK
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_kw = tl.program_id(1) * BLOCK_KW + tl.arange(0, BLOCK_KW)
     offs_k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-    mask = (offs_n < N)[:, None] & (offs_k < K)[None, :]
     rows = offs_n.to(tl.int64)[:, None]
-    words = tl.load(w_ptr + rows * stride_wn + (offs_k // PACK)[None, :], mask=mask, other=0)
+    n_mask = (offs_n < N)[:, None]
+    words = tl.load(w_ptr + rows * stride_wn + offs_kw[None, :], mask=n_mask & (offs_kw < KW)[None, :], other=0)
     if XOR != 0:
         words = words ^ XOR
-    u = ((words >> ((offs_k % PACK) * BITS)[None, :]) & ((1 << BITS) - 1)).to(tl.float32)
+    if BITS == 4:
+        u = _in_k_order(tl.join(_field(words, 0, 4), _field(words, 16, 4)),
+                        tl.join(_field(words, 4, 4), _field(words, 20, 4)),
+                        tl.join(_field(words, 8, 4), _field(words, 24, 4)),
+                        tl.join(_field(words, 12, 4), _field(words, 28, 4)), BLOCK_N, BLOCK_K)
+    else:
+        u = _in_k_order(_field(words, 0, 8), _field(words, 8, 8), _field(words, 16, 8), _field(words, 24, 8),
+                        BLOCK_N, BLOCK_K)
+    mask = n_mask & (offs_k < K)[None, :]
     g = (offs_k // group_size)[None, :]
     s = tl.load(s_ptr + rows * stride_sn + g, mask=mask, other=0.0).to(tl.float32)
     if HAS_ZERO:
         z = tl.load(z_ptr + rows * stride_zn + g, mask=mask, other=0).to(tl.float32) + OFFSET
     else:
         z = OFFSET
-    tl.store(out_ptr + rows * K + offs_k[None, :], ((u - z) * s).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + rows * K + offs_k[None, :], ((u.to(tl.float32) - z) * s).to(out_ptr.dtype.element_ty),
+             mask=mask)
 
 
 def dequantize_weight(words: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, k: int,
@@ -162,9 +183,10 @@ def dequantize_weight(words: torch.Tensor, scale: torch.Tensor, zero_point: torc
     n = words.shape[0]
     out = torch.empty((n, k), dtype=scale.dtype, device=words.device)
     z = scale if zero_point is None else zero_point
-    _dequantize_kernel[(triton.cdiv(n, 16), triton.cdiv(k, 256))](
-        words, scale, z, out, n, k, group_size or CHANNEL_GROUP, words.stride(0), scale.stride(0), z.stride(0),
-        BITS=num_bits, XOR=xor, HAS_ZERO=zero_point is not None, BLOCK_N=16, BLOCK_K=256, num_warps=4)
+    _dequantize_kernel[(triton.cdiv(n, DEQUANTIZE_BLOCK[0]), triton.cdiv(k, DEQUANTIZE_BLOCK[1]))](
+        words, scale, z, out, n, k, words.shape[1], group_size or CHANNEL_GROUP, words.stride(0), scale.stride(0),
+        z.stride(0), BITS=num_bits, XOR=xor, HAS_ZERO=zero_point is not None, BLOCK_N=DEQUANTIZE_BLOCK[0],
+        BLOCK_K=DEQUANTIZE_BLOCK[1], num_warps=4)
     return out
 
 

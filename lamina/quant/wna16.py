@@ -10,10 +10,10 @@ Parameters of one layer (rows = the sum of its fused output sizes, groups = in /
                                                          packs it along rows, across fused shards' borders)
     weight_shape       int64 [shards, 2]                 each shard's (out, in), checked against the layer
 
-`apply` runs the Triton kernels that `kernel_for` picks on CUDA (lamina/kernels/wna16_gemv.py for 1..4 rows,
-wna16_gemm.wna16_matmul for more: they read these same parameters, the checkpoint's layout, so nothing is
-repacked after loading), else the reference path: dequantize the whole weight and multiply (exact, any device,
-not fast; the kernels' oracle).
+`apply` runs the Triton kernels that `kernel_for` picks on CUDA (lamina/kernels/wna16_gemv.py for 1-2 rows at
+4 bits, 1-3 at 8, wna16_mma.py for the rest up to 16, wna16_gemm.wna16_matmul for more: they read these same
+parameters, the checkpoint's layout, so nothing is repacked after loading), else the reference path:
+dequantize the whole weight and multiply (exact, any device, not fast; the kernels' oracle).
 """
 from __future__ import annotations
 
@@ -37,8 +37,10 @@ Kernel = Callable[[nn.Module, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 def kernel_for(x: torch.Tensor, layer: nn.Module, args: WeightQuantArgs) -> Kernel | None:
     """The fast W4A16 / W8A16 path (issue #13): on CUDA (dispatch.on_kernel_device), for fp16 / bf16 x with
-    scales of x's dtype and triton importable, lamina.kernels.wna16_gemv for 1..4 rows (when the layer's
-    KernelChoice allows the GEMV) and lamina.kernels.wna16_gemm.wna16_matmul for the rest; None runs the reference path.
+    scales of x's dtype and triton importable. When the layer's KernelChoice allows decode-sized kernels:
+    lamina.kernels.wna16_gemv up to GEMV_ROWS rows, wna16_mma up to its MAX_M rows (where K and the group size are
+    multiples of 16; else the GEMV up to its MAX_M); lamina.kernels.wna16_gemm.wna16_matmul for the rest. None
+    runs the reference path.
     Pack-quantized 4- and 8-bit weights, and naive int8 ones whose rows are whole int32 words. Triton is
     imported on the first CUDA call only, never on CPU."""
     if not (dispatch.on_kernel_device(x) and x.dtype in dispatch.GEMV_DTYPES) or getattr(args, "type", "int") != "int":
@@ -58,30 +60,45 @@ def kernel_for(x: torch.Tensor, layer: nn.Module, args: WeightQuantArgs) -> Kern
     kernels = _wna16_kernels()
     if kernels is None:
         return None
-    gemv, gemm = kernels
-    rows = x.numel() // x.shape[-1]
-    use_gemv = rows <= gemv.MAX_M and getattr(layer, "kernels", dispatch.DEFAULT_KERNELS).gemv
+    fn = _kernel(kernels, x.numel() // x.shape[-1], x.shape[-1], args.num_bits, group_size,
+                 getattr(layer, "kernels", dispatch.DEFAULT_KERNELS).gemv)
 
     def run(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
         w = words if words is not None else layer.weight.view(torch.int32)
         zero = getattr(layer, "weight_zero_point", None)
-        fn = gemv.wna16_gemv if use_gemv else gemm.wna16_matmul
         out = fn(x2, w, layer.weight_scale, zero, bias, args.num_bits, group_size, xor)
         return out.view(*x.shape[:-1], out.shape[-1])
     return run
 
 
 _NAIVE_INT8_XOR = -0x7F7F7F80  # lamina.kernels.wna16_gemv.NAIVE_INT8_XOR, without importing triton
+# Rows up to which the GEMV runs rather than wna16_mma, by bit width: where it costs less summed over a Llama-3-8B
+# (32 layers of qkv, o_proj, gate_up, down, and the LM head; H200: the GEMV benchmarks/results/
+# 2026-12-01-h200-quant-speed-run2.json, the MMA kernel 2026-12-02-h200-wna16-mma-sweep.json): int4 GEMV 2.97 /
+# 5.70 / 10.98 ms at 1 / 2 / 3 rows against the MMA kernel's 6.68 at any of 1..16; int8 3.77 / 8.60 / 8.16 /
+# 10.89 at 1..4 against 10.06. Dequantize + cuBLAS at 16 rows: 1.1-9.4x the MMA kernel's time per shape.
+GEMV_ROWS = {4: 2, 8: 3}
+
+
+def _kernel(kernels: tuple[ModuleType, ...], rows: int, k: int, num_bits: int, group_size: int | None,
+            small: bool) -> Kernel:
+    """The kernel function for `rows` rows (kernel_for's docstring); small: decode-sized kernels allowed."""
+    gemv, mma, gemm = kernels
+    if small and GEMV_ROWS[num_bits] < rows <= mma.MAX_M and mma.takes(k, group_size):
+        return mma.wna16_mma
+    if small and rows <= gemv.MAX_M:
+        return gemv.wna16_gemv
+    return gemm.wna16_matmul
 
 
 @functools.cache
-def _wna16_kernels() -> tuple[ModuleType, ModuleType] | None:
+def _wna16_kernels() -> tuple[ModuleType, ModuleType, ModuleType] | None:
     try:
-        from lamina.kernels import wna16_gemm, wna16_gemv
+        from lamina.kernels import wna16_gemm, wna16_gemv, wna16_mma
     except ImportError:  # no triton: the reference path
         return None
-    return wna16_gemv, wna16_gemm
+    return wna16_gemv, wna16_mma, wna16_gemm
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None) -> torch.Tensor:

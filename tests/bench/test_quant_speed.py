@@ -50,11 +50,12 @@ def test_engine_decode_tiny(tmp_path: Path) -> None:
     args = quant_speed.parse_args(["--tiny", "--new-tokens", "4"])
     results = [quant_speed.engine_decode(scheme, args, tmp_path) for scheme in (None, "int4", "int8")]
     assert [r["scheme"] for r in results] == ["bf16", "int4", "int8"]
-    assert all(r["tokens"] == 4 and r["tok_per_s"] > 0 for r in results)
+    assert all(r["tokens"] == 4 and r["tok_per_s"] > 0 and r["batch_tok_per_s"] > 0 for r in results)
+    assert all(r["batch"] == quant_speed.BATCH for r in results)
     bf16, int4, int8 = (r["weight_gb"] for r in results)
     assert int4 < int8 < bf16
     text = quant_speed.table({"kernels": [], "engine": results})
-    assert "int4 weights" in text and "PASS" in text  # the tiny model is far below 5.5 GB
+    assert "int4 weights" in text and "PASS" in text and f"batch {quant_speed.BATCH}" in text  # far below 5.5 GB
 
 
 def test_kernel_part_runs_under_the_interpreter(tmp_path: Path) -> None:

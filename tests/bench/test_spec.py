@@ -7,6 +7,7 @@ import json
 import pytest
 
 from lamina.bench.spec import PROMPT_SETS, TEMPERATURES, main
+from lamina.config import DEFAULT_SPEC_TOKENS
 from tests.helpers.tiny_models import make_tiny_model
 from tests.helpers.tiny_tokenizer import save_tiny_tokenizer
 
@@ -25,12 +26,31 @@ def test_spec_bench_writes_rows_for_every_engine(tmp_path, capsys):
         assert [r["batch_size"] for r in result["throughput"]] == [1, 3]
         for row in rows + result["throughput"]:
             assert row["tok_s"] > 0 and 0 <= row["acceptance_rate"] <= 1
-            assert row["tokens_per_verify_step"] == 0 or 1 <= row["tokens_per_verify_step"] <= 4
+            assert row["tokens_per_verify_step"] == 0 or 1 <= row["tokens_per_verify_step"] <= 1 + NGRAM_K
             assert label == "ngram" or row["tokens_per_verify_step"] == 0
             assert len(row["tok_s_repeats"]) == 2 and row["tok_s"] in row["tok_s_repeats"]
     assert "speed-up" in capsys.readouterr().out
 
 
-def test_spec_bench_rejects_an_unknown_method(tmp_path):
+NGRAM_K = DEFAULT_SPEC_TOKENS["ngram"]
+
+
+def test_spec_bench_runs_the_prompt_sets_asked(tmp_path):
+    model = make_tiny_model("llama", tmp_path / "m", vocab_size=320)
+    save_tiny_tokenizer(model, vocab_size=300)
+    result = tmp_path / "spec.json"
+    assert main(["--model", str(model), "--new-tokens", "4", "--batch-sizes", "2", "--repeats", "1", "--prompt-sets",
+                 "", "--disable-tqdm", "--result-file", str(result)]) == 0
+    results = json.loads(result.read_text())["results"]
+    assert all(not r["batch_one"] and [t["batch_size"] for t in r["throughput"]] == [2] for r in results.values())
+    assert main(["--model", str(model), "--new-tokens", "4", "--batch-sizes", "", "--repeats", "1", "--prompt-sets",
+                 "chat", "--disable-tqdm", "--result-file", str(result)]) == 0
+    rows = json.loads(result.read_text())["results"]["off"]["batch_one"]
+    assert [(r["prompts"], r["temperature"]) for r in rows] == [("chat", t) for t in TEMPERATURES]
+
+
+@pytest.mark.parametrize("flag", [["--methods", "ngram,magic"], ["--prompt-sets", "code,poetry"]])
+def test_spec_bench_rejects_an_unknown_name(flag, capsys):
     with pytest.raises(SystemExit):
-        main(["--methods", "ngram,magic", "--disable-tqdm"])
+        main([*flag, "--disable-tqdm"])
+    assert flag[0] in capsys.readouterr().err

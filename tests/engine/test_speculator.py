@@ -5,11 +5,11 @@ import time
 
 from lamina import LLM, SamplingParams
 from lamina.engine.drafts import Verdict
-from lamina.engine.speculator import MATCH_MAX_REST, MAX_REST, Rest
+from lamina.engine.speculator import DECISION_BUDGET, MATCH_MAX_REST, MAX_REST, Rest
 from tests.helpers.tiny_models import make_tiny_model
 
 
-def rest_pattern(steps: int, verdict_at) -> str:  # noqa: ANN001 - step -> the Verdict decided there
+def rest_pattern(steps: int, verdict_at, decision_share: float = 0.0) -> str:  # noqa: ANN001 - step -> Verdict
     """'d' for each step that decides (with verdict_at(step)), '.' for each step of a pause."""
     rest, pattern = Rest(), []
     for step in range(steps):
@@ -17,7 +17,7 @@ def rest_pattern(steps: int, verdict_at) -> str:  # noqa: ANN001 - step -> the V
             pattern.append(".")
             continue
         pattern.append("d")
-        rest.decided(verdict_at(step))
+        rest.decided(verdict_at(step), decision_share)
     return "".join(pattern)
 
 
@@ -35,6 +35,18 @@ def test_a_step_without_a_match_worth_drafting_pauses_briefly() -> None:
     a long pause of steps where drafts could not pay."""
     text = rest_pattern(30, lambda step: Verdict.OFF if step < 10 else Verdict.NOTHING_FOUND)
     assert text[:10] == "d.d..d...." and text[10:].startswith("d..d..d..") and MATCH_MAX_REST == 2
+
+
+def test_decisions_that_cost_a_large_share_of_a_step_pause_longer() -> None:
+    """A decision costing 30 % of a step: consecutive steps without a match worth drafting pause 1, 2, 4, then
+    0.30 / DECISION_BUDGET - 1 = 5 steps, so the decisions cost at most DECISION_BUDGET of the steps' time; a
+    decision costing 5 % of a step pauses as before (MATCH_MAX_REST); a step with drafts resets the pause."""
+    assert DECISION_BUDGET == 0.05
+    text = rest_pattern(30, lambda step: Verdict.NOTHING_FOUND, decision_share=0.3)
+    assert text.startswith("d.d..d....d.....d.....d")
+    assert rest_pattern(12, lambda step: Verdict.NOTHING_FOUND, DECISION_BUDGET) == "d.d..d..d..d"
+    text = rest_pattern(24, lambda step: Verdict.DRAFTING if step == 10 else Verdict.NOTHING_FOUND, 0.3)
+    assert text.startswith("d.d..d....dd.d..d....d")
 
 
 def test_an_engine_whose_drafts_do_not_pay_rarely_decides(tmp_path) -> None:

@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("triton")
 
 from lamina.config import KernelChoice  # noqa: E402
-from lamina.kernels import wna16_gemm, wna16_gemv  # noqa: E402
+from lamina.kernels import wna16_gemm, wna16_gemv, wna16_mma  # noqa: E402
 from lamina.layers import dispatch  # noqa: E402
 from lamina.layers.linear import MergedColumnParallelLinear  # noqa: E402
 from lamina.quant.config import WeightQuantArgs  # noqa: E402
@@ -48,7 +48,7 @@ def kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     """CPU tensors route as CUDA ones; records (kernel, rows) of every quantized kernel call."""
     calls: list[tuple[str, int]] = []
     monkeypatch.setattr(dispatch, "on_kernel_device", lambda x: True)
-    for module, name in ((wna16_gemv, "wna16_gemv"), (wna16_gemm, "wna16_matmul")):
+    for module, name in ((wna16_gemv, "wna16_gemv"), (wna16_mma, "wna16_mma"), (wna16_gemm, "wna16_matmul")):
         def counting(x: torch.Tensor, *a, _f=getattr(module, name), _n=name, **kw) -> torch.Tensor:
             calls.append((_n, x.shape[0]))
             return _f(x, *a, **kw)
@@ -65,20 +65,33 @@ def test_layer_routes_rows_and_matches_the_reference(args: WeightQuantArgs,
                                                      kernel_calls: list[tuple[str, int]]) -> None:
     layer = _layer(args)
     g = torch.Generator().manual_seed(1)
-    for shape in [(1, IN), (2, 2, IN), (4, IN), (5, IN), (3, 7, IN)]:
+    for shape in [(1, IN), (2, 2, IN), (2, IN), (3, IN), (16, IN), (3, 7, IN)]:
         x = torch.randn(*shape, generator=g).to(torch.bfloat16)
         expected = torch.nn.functional.linear(x, layer.quant_method.dequantized_weight(layer), layer.bias)
         out = layer(x)
         assert out.shape == (*shape[:-1], sum(OUT))
         assert_matches(out.reshape(-1, sum(OUT)), expected.reshape(-1, sum(OUT)))
-    assert kernel_calls == [("wna16_gemv", 1), ("wna16_gemv", 4), ("wna16_gemv", 4), ("wna16_matmul", 5),
+    three = "wna16_mma" if args.num_bits == 4 else "wna16_gemv"  # GEMV_ROWS: 2 at 4 bits, 3 at 8
+    assert kernel_calls == [("wna16_gemv", 1), ("wna16_mma", 4), ("wna16_gemv", 2), (three, 3), ("wna16_mma", 16),
                             ("wna16_matmul", 21)]
+
+
+def test_groups_the_mma_kernel_does_not_take_run_the_gemv(kernel_calls: list[tuple[str, int]]) -> None:
+    """A group of 8 values (one int4 word) is no multiple of 16: 2..4 rows take the GEMV, more the GEMM."""
+    args = WeightQuantArgs(4, False, "group", 8)
+    layer = _layer(args)
+    for rows in (1, 3, 5):
+        x = torch.randn(rows, IN, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
+        expected = torch.nn.functional.linear(x, layer.quant_method.dequantized_weight(layer), layer.bias)
+        assert_matches(layer(x), expected)
+    assert kernel_calls == [("wna16_gemv", 1), ("wna16_gemv", 3), ("wna16_matmul", 5)]
 
 
 def test_gemv_off_takes_the_gemm(kernel_calls: list[tuple[str, int]]) -> None:
     layer = _layer(ARGS[0], KernelChoice(gemv=False))
     layer(torch.randn(1, IN).to(torch.bfloat16))
-    assert kernel_calls == [("wna16_matmul", 1)]
+    layer(torch.randn(8, IN).to(torch.bfloat16))
+    assert kernel_calls == [("wna16_matmul", 1), ("wna16_matmul", 8)]
 
 
 def test_what_stays_on_the_reference_path(monkeypatch: pytest.MonkeyPatch) -> None:
