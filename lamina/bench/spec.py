@@ -67,7 +67,8 @@ def _counted(llm: LLM, run) -> tuple[int, float, SpecDecodeStats, SpecDecodeStat
 
 
 def _step_fields(steps: list) -> dict:
-    """Mean wall time per step of each kind (prefill, decode, verify), in ms, and how many."""
+    """Mean wall time per step of each kind (prefill, decode, verify), in ms, and how many. The run's time outside
+    them (`outside_steps_ms`) holds the decisions on drafts (`draft_ms`), adding requests and the output loop."""
     kinds: dict[str, list[float]] = {}
     for step in steps:
         kinds.setdefault(step.kind, []).append(step.seconds)
@@ -80,7 +81,8 @@ def _spec_fields(before: SpecDecodeStats, after: SpecDecodeStats) -> dict:
     accepted = after.num_accepted_tokens - before.num_accepted_tokens
     steps = after.num_drafts - before.num_drafts
     return {"acceptance_rate": accepted / drafted if drafted else 0.0,
-            "tokens_per_verify_step": 1 + accepted / steps if steps else 0.0}
+            "tokens_per_verify_step": 1 + accepted / steps if steps else 0.0,
+            "draft_ms": 1000 * (after.draft_seconds - before.draft_seconds)}
 
 
 def _timed(llm: LLM, batches: list[tuple[list[str], SamplingParams]], bar) -> dict:  # noqa: ANN001
@@ -93,7 +95,9 @@ def _timed(llm: LLM, batches: list[tuple[list[str], SamplingParams]], bar) -> di
         bar.update(tokens)
         return tokens
     tokens, seconds, before, after, steps = _counted(llm, run)
-    return {"tok_s": tokens / seconds, **_spec_fields(before, after), **steps}
+    in_steps = sum(steps["step_ms"][kind] * n for kind, n in steps["steps"].items())
+    return {"tok_s": tokens / seconds, **_spec_fields(before, after), **steps,
+            "outside_steps_ms": 1000 * seconds - in_steps}
 
 
 def workloads(new_tokens: int, batch_sizes: list[int], prompt_sets: list[str] | None = None,
@@ -169,11 +173,19 @@ def print_tables(report: dict) -> None:
             print(f"  {label:12s} {row['prompts']:6s} {row['temperature']:.1f} {row['tok_s']:9.1f} "
                   f"{row['tok_s'] / base['tok_s']:8.2f}x {row['acceptance_rate']:11.2f} "
                   f"{row['tokens_per_verify_step']:14.2f}  {_kinds(row)}")
-    print("throughput: method  batch  tok/s  vs off  acceptance  ms/step by kind")
+    print("throughput: method  batch  tok/s  vs off (paired)  acceptance  ms outside steps (drafting)  ms/step by kind")
     for label, result in results.items():
         for row, base in zip(result["throughput"], off["throughput"]):
             print(f"  {label:12s} {row['batch_size']:5d} {row['tok_s']:10.1f} {row['tok_s'] / base['tok_s']:7.2f}x "
-                  f"{row['acceptance_rate']:11.2f}  {_kinds(row)}")
+                  f"({_paired(row, base):.2f}x) {row['acceptance_rate']:11.2f} {row['outside_steps_ms']:9.1f} "
+                  f"({row['draft_ms']:.1f})  {_kinds(row)}")
+
+
+def _paired(row: dict, base: dict) -> float:
+    """The median over repeats of the ratio within each repeat (the engines take turns, so a slow spell of the
+    host hits both of one repeat)."""
+    ratios = sorted(a / b for a, b in zip(row["tok_s_repeats"], base["tok_s_repeats"]))
+    return ratios[len(ratios) // 2]
 
 
 def _kinds(row: dict) -> str:

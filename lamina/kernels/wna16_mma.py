@@ -25,8 +25,12 @@ appending an axis [a, b], join(join(J[0], J[2]), join(J[1], J[3])) of J[i] = joi
 [BLOCK_N, words, 2, 2, 2] whose flat index 4p + 2q + r is the value index j = i + 4p, i = 2q + r: a reshape gives
 K order, so x is read as it lies. 8 bits, a plane: join(join(byte 0, byte 2), join(byte 1, byte 3)).
 
-Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M)); rows past N are clamped for the loads and masked at the store, K is
-masked only when BLOCK_K does not divide it. No host sync, no workspace: capturable in a CUDA graph.
+Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), SPLIT_K); rows past N are clamped for the loads and masked at the
+store, K is masked only when BLOCK_K does not divide it. A K step takes ~0.6-0.8 us whatever BLOCK_N (H200: its
+x tile, layout conversions and the dot's latency), so a weight of few row blocks (N = 4,096: 64 programs for
+132 SMs) is split along K: split j walks its share of the steps and writes fp32 partial sums to a workspace
+[SPLIT_K, M, N], which `_reduce_splits_kernel` adds up (with the bias) into the output. No host sync:
+capturable in a CUDA graph.
 """
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lamina.kernels.wna16_gemv import CHANNEL_GROUP, check_inputs
+from lamina.kernels.wna16_gemv import CHANNEL_GROUP, INTERPRETER_SMS, check_inputs, num_sms
 
 MAX_M = 16  # rows lamina.quant.wna16 sends here (more: dequantize + cuBLAS); the kernel itself takes any M
 
@@ -54,24 +58,36 @@ class WNA16MmaConfig:
     block_k: int  # values of K per step, dividing the group size
     num_warps: int = 4
     num_stages: int = 3
+    split_k: int = 1  # programs along K, each over its share of the K steps
 
     @property
     def name(self) -> str:
-        return f"n{self.block_n}-m{self.block_m}-k{self.block_k}-w{self.num_warps}-p{self.num_stages}"
+        split = f"-s{self.split_k}" if self.split_k > 1 else ""
+        return f"n{self.block_n}-m{self.block_m}-k{self.block_k}-w{self.num_warps}-p{self.num_stages}{split}"
+
+
+PROGRAMS_PER_SM = 4  # split K until about this many programs per SM
+REDUCE_BLOCK = 1024  # outputs per program of the split-K reduction
+MIN_SPLIT_STEPS = 4  # K steps a split walks at least
 
 
 @functools.lru_cache(maxsize=None)
-def default_config(m: int, n: int, k: int, group_size: int | None) -> WNA16MmaConfig:
+def default_config(m: int, n: int, k: int, group_size: int | None, sms: int = INTERPRETER_SMS) -> WNA16MmaConfig:
     """Up to 16 rows: 64 weight rows x 16 rows of x per program, 4 warps, 3 stages (the fastest of 12 configs
     summed over the Llama-3-8B shapes at 16 rows, int4 g128 and int8 per channel alike: scripts/wna16_mma_sweep.py
     on the H200); more rows: 128 x 64 (128 from 128 rows), 8 warps. BLOCK_K 128, or the largest power of two
-    (>= 16) dividing the group size and K."""
+    (>= 16) dividing the group size and K. K split until PROGRAMS_PER_SM programs per SM, each split at least
+    MIN_SPLIT_STEPS steps."""
     block_k = 128
     while block_k > 16 and ((group_size is not None and group_size % block_k) or k % block_k):
         block_k //= 2
     if m <= 16:
-        return WNA16MmaConfig(64, 16, block_k, 4, 3)
-    return WNA16MmaConfig(128, 64 if m <= 64 else 128, block_k, 8, 3)
+        block_n, block_m, warps = 64, 16, 4
+    else:
+        block_n, block_m, warps = 128, 64 if m <= 64 else 128, 8
+    programs = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
+    split = max(1, min(PROGRAMS_PER_SM * sms // programs, triton.cdiv(k, block_k) // MIN_SPLIT_STEPS))
+    return WNA16MmaConfig(block_n, block_m, block_k, warps, 3, split)
 
 
 @triton.jit
@@ -95,7 +111,7 @@ def _wna16_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, group
                       stride_xm, stride_wn, stride_sn, stride_zn, stride_om,
                       BITS: tl.constexpr, XOR: tl.constexpr, HAS_ZERO: tl.constexpr, HAS_BIAS: tl.constexpr,
                       IS_BF16: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_K: tl.constexpr):
+                      BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     PACK: tl.constexpr = 32 // BITS
     OFFSET: tl.constexpr = 1 << (BITS - 1)
     BLOCK_KW: tl.constexpr = BLOCK_K // PACK
@@ -110,7 +126,9 @@ def _wna16_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, group
     x_cols = x_ptr + offs_m.to(tl.int64)[None, :] * stride_xm
     w_rows = w_ptr + rows_c[:, None] * stride_wn
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    split_len = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+    k_start = tl.program_id(2) * split_len
+    for k0 in range(k_start, tl.minimum(K, k_start + split_len), BLOCK_K):
         offs_kw = k0 // PACK + tl.arange(0, BLOCK_KW)
         offs_k = k0 + tl.arange(0, BLOCK_K)
         if EVEN_K:
@@ -141,10 +159,30 @@ def _wna16_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, group
         else:
             z = tl.full([BLOCK_N], BIAS + OFFSET, dtype=tl.float32)
         acc += s[:, None] * (d - z[:, None] * xsum[None, :])
+    mask = m_mask[None, :] & (rows < N)[:, None]
+    if SPLIT_K > 1:  # partial sums: out_ptr is the fp32 workspace [SPLIT_K, M, N]
+        part = out_ptr + (tl.program_id(2) * M + offs_m.to(tl.int64))[None, :] * N + rows[:, None]
+        tl.store(part, acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rows_c).to(tl.float32)[:, None]
+        out = out_ptr + offs_m.to(tl.int64)[None, :] * stride_om + rows[:, None]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _reduce_splits_kernel(ws_ptr, b_ptr, out_ptr, M, N, stride_om, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          BLOCK: tl.constexpr):
+    """out[m, n] = sum_j ws[j, m, n] (+ bias[n]) in out's dtype: one rounding."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < M * N
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in range(SPLIT_K):
+        acc += tl.load(ws_ptr + j * M * N + offs, mask=mask, other=0.0)
+    n = offs % N
     if HAS_BIAS:
-        acc += tl.load(b_ptr + rows_c).to(tl.float32)[:, None]
-    out = out_ptr + offs_m.to(tl.int64)[None, :] * stride_om + rows[:, None]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[None, :] & (rows < N)[:, None])
+        acc += tl.load(b_ptr + n, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + (offs // N) * stride_om + n, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def wna16_mma(x: torch.Tensor, words: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None,
@@ -158,15 +196,20 @@ def wna16_mma(x: torch.Tensor, words: torch.Tensor, scale: torch.Tensor, zero_po
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    cfg = config or default_config(m, n, k, group_size)
+    cfg = config or default_config(m, n, k, group_size, num_sms(x.device))
     gs = group_size or CHANNEL_GROUP
     assert gs % cfg.block_k == 0 and cfg.block_k % 16 == 0, f"block_k {cfg.block_k} must divide group {gs}"
     z = scale if zero_point is None else zero_point  # never read without HAS_ZERO
-    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m))
+    b = out if bias is None else bias  # never read without HAS_BIAS
+    dest = out if cfg.split_k == 1 else torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m), cfg.split_k)
     _wna16_mma_kernel[grid](
-        x, words, scale, z, out if bias is None else bias, out, m, n, k, gs,
+        x, words, scale, z, b, dest, m, n, k, gs,
         x.stride(0), words.stride(0), scale.stride(0), z.stride(0), out.stride(0),
         BITS=num_bits, XOR=xor, HAS_ZERO=zero_point is not None, HAS_BIAS=bias is not None,
         IS_BF16=x.dtype == torch.bfloat16, EVEN_K=k % cfg.block_k == 0, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m,
-        BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.split_k > 1:
+        _reduce_splits_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
+            dest, b, out, m, n, out.stride(0), SPLIT_K=cfg.split_k, HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK)
     return out

@@ -10,8 +10,8 @@ Parameters of one layer (rows = the sum of its fused output sizes, groups = in /
                                                          packs it along rows, across fused shards' borders)
     weight_shape       int64 [shards, 2]                 each shard's (out, in), checked against the layer
 
-`apply` runs the Triton kernels that `kernel_for` picks on CUDA (lamina/kernels/wna16_gemv.py for 1-2 rows at
-4 bits, 1-3 at 8, wna16_mma.py for the rest up to 16, wna16_gemm.wna16_matmul for more: they read these same
+`apply` runs the Triton kernels that `kernel_for` picks on CUDA (lamina/kernels/wna16_gemv.py for one row,
+wna16_mma.py for 2..16, wna16_gemm.wna16_matmul for more: they read these same
 parameters, the checkpoint's layout, so nothing is repacked after loading), else the reference path:
 dequantize the whole weight and multiply (exact, any device, not fast; the kernels' oracle).
 """
@@ -60,7 +60,7 @@ def kernel_for(x: torch.Tensor, layer: nn.Module, args: WeightQuantArgs) -> Kern
     kernels = _wna16_kernels()
     if kernels is None:
         return None
-    fn = _kernel(kernels, x.numel() // x.shape[-1], x.shape[-1], args.num_bits, group_size,
+    fn = _kernel(kernels, x.numel() // x.shape[-1], x.shape[-1], group_size,
                  getattr(layer, "kernels", dispatch.DEFAULT_KERNELS).gemv)
 
     def run(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -73,19 +73,18 @@ def kernel_for(x: torch.Tensor, layer: nn.Module, args: WeightQuantArgs) -> Kern
 
 
 _NAIVE_INT8_XOR = -0x7F7F7F80  # lamina.kernels.wna16_gemv.NAIVE_INT8_XOR, without importing triton
-# Rows up to which the GEMV runs rather than wna16_mma, by bit width: where it costs less summed over a Llama-3-8B
-# (32 layers of qkv, o_proj, gate_up, down, and the LM head; H200: the GEMV benchmarks/results/
-# 2026-12-01-h200-quant-speed-run2.json, the MMA kernel 2026-12-02-h200-wna16-mma-sweep.json): int4 GEMV 2.97 /
-# 5.70 / 10.98 ms at 1 / 2 / 3 rows against the MMA kernel's 6.68 at any of 1..16; int8 3.77 / 8.60 / 8.16 /
-# 10.89 at 1..4 against 10.06. Dequantize + cuBLAS at 16 rows: 1.1-9.4x the MMA kernel's time per shape.
-GEMV_ROWS = {4: 2, 8: 3}
+# Rows up to which the GEMV runs rather than wna16_mma: where it costs less summed over a Llama-3-8B (32 layers of
+# qkv, o_proj, gate_up, down, and the LM head; H200: the GEMV benchmarks/results/2026-12-01-h200-quant-speed-run2.json,
+# the MMA kernel with split K 2026-12-02-h200-wna16-mma-sweep-split-k.json): int4 GEMV 2.97 / 5.70 ms at 1 / 2 rows
+# against the MMA kernel's 4.20 at any of 1..16; int8 3.77 / 8.60 against 6.08. Dequantize + cuBLAS at 16 rows:
+# 1.9-9.4x the MMA kernel's time per shape.
+GEMV_ROWS = 1
 
 
-def _kernel(kernels: tuple[ModuleType, ...], rows: int, k: int, num_bits: int, group_size: int | None,
-            small: bool) -> Kernel:
+def _kernel(kernels: tuple[ModuleType, ...], rows: int, k: int, group_size: int | None, small: bool) -> Kernel:
     """The kernel function for `rows` rows (kernel_for's docstring); small: decode-sized kernels allowed."""
     gemv, mma, gemm = kernels
-    if small and GEMV_ROWS[num_bits] < rows <= mma.MAX_M and mma.takes(k, group_size):
+    if small and GEMV_ROWS < rows <= mma.MAX_M and mma.takes(k, group_size):
         return mma.wna16_mma
     if small and rows <= gemv.MAX_M:
         return gemv.wna16_gemv

@@ -29,6 +29,8 @@ def test_spec_bench_writes_rows_for_every_engine(tmp_path, capsys):
             assert row["tokens_per_verify_step"] == 0 or 1 <= row["tokens_per_verify_step"] <= 1 + NGRAM_K
             assert label == "ngram" or row["tokens_per_verify_step"] == 0
             assert len(row["tok_s_repeats"]) == 2 and row["tok_s"] in row["tok_s_repeats"]
+            assert row["draft_ms"] >= 0 and (label == "ngram" or row["draft_ms"] == 0)
+            assert row["outside_steps_ms"] >= row["draft_ms"] - 1e-6  # decisions run between steps
     assert "speed-up" in capsys.readouterr().out
 
 

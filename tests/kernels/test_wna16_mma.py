@@ -49,6 +49,17 @@ def test_mma_k_tail(bits: int) -> None:
     assert_matches(run_mma(o, config=WNA16MmaConfig(16, 16, 64, 4, 1)), reference(o))
 
 
+@pytest.mark.parametrize("bits", (4, 8))
+@pytest.mark.parametrize("split", (3, 16))
+def test_mma_split_k_matches_reference(bits: int, split: int) -> None:
+    """K = 256 in 8 steps of 32 split 3 ways (3, 3, 2 steps) or 16 (one step each, half the splits empty: they must
+    add zeros); 20 rows (two M blocks), with and without bias; the split sums reduced in fp32, one rounding."""
+    o = make_operands(bits, 32, False, m=20, n=N, k=256, seed=split + bits)
+    cfg = WNA16MmaConfig(16, 16, 32, 4, 1, split)
+    assert_matches(run_mma(o, config=cfg), reference(o))
+    assert_matches(run_mma(o, bias=False, config=cfg), reference(o, bias=False))
+
+
 def test_mma_naive_int8_layout() -> None:
     for sym in (True, False):
         o = make_operands(8, 32, sym, m=2, n=N, k=128, seed=14)
@@ -77,6 +88,16 @@ def test_default_config_divides_groups_and_k() -> None:
             cfg = default_config(m, 4096, k, gs)
             assert (gs or 1 << 30) % cfg.block_k == 0 and k % cfg.block_k == 0 and cfg.block_k >= 16
             assert cfg.block_m >= 16 and cfg.block_n >= 16
+            assert cfg.split_k == 1 or k // cfg.block_k // cfg.split_k >= 4  # each split walks 4 steps or more
+
+
+def test_default_config_splits_k_where_the_row_blocks_are_few() -> None:
+    """132 SMs: o_proj's 64 row blocks split 8 ways, down's 8 (K = 14,336: 112 steps), qkv's 96 blocks 5 ways;
+    gate_up (448 blocks) and the LM head (2,004) are not split."""
+    splits = {name: default_config(1, n, k, 128, 132).split_k
+              for name, n, k in [("o_proj", 4096, 4096), ("down", 4096, 14336), ("qkv", 6144, 4096),
+                                 ("gate_up", 28672, 4096), ("lm_head", 128256, 4096)]}
+    assert splits == {"o_proj": 8, "down": 8, "qkv": 5, "gate_up": 1, "lm_head": 1}
 
 
 def test_takes_multiples_of_16_only() -> None:
