@@ -11,9 +11,9 @@ Parameters of one layer (rows = the sum of its fused output sizes, groups = in /
     weight_shape       int64 [shards, 2]                 each shard's (out, in), checked against the layer
 
 `apply` runs the Triton kernels that `kernel_for` picks on CUDA (lamina/kernels/wna16_gemv.py for one row,
-wna16_mma.py for 2..16, wna16_gemm.wna16_matmul for more: they read these same
-parameters, the checkpoint's layout, so nothing is repacked after loading), else the reference path:
-dequantize the whole weight and multiply (exact, any device, not fast; the kernels' oracle).
+wna16_mma.py for 2..16, wna16_gemm.wna16_matmul for more: they read these same parameters, the checkpoint's
+layout, so nothing is repacked after loading), else the reference path: dequantize the whole weight and
+multiply (exact, any device, not fast; the kernels' oracle).
 """
 from __future__ import annotations
 
@@ -77,11 +77,12 @@ _NAIVE_INT8_XOR = -0x7F7F7F80  # lamina.kernels.wna16_gemv.NAIVE_INT8_XOR, witho
 # qkv, o_proj, gate_up, down, and the LM head; H200: the GEMV benchmarks/results/2026-12-01-h200-quant-speed-run2.json,
 # the MMA kernel with split K 2026-12-02-h200-wna16-mma-sweep-split-k.json): int4 GEMV 2.97 / 5.70 ms at 1 / 2 rows
 # against the MMA kernel's 4.20 at any of 1..16; int8 3.77 / 8.60 against 6.08. Dequantize + cuBLAS at 16 rows:
-# 1.9-9.4x the MMA kernel's time per shape.
+# 1.7-9.4x the MMA kernel's time per shape.
 GEMV_ROWS = 1
 
 
-def _kernel(kernels: tuple[ModuleType, ...], rows: int, k: int, group_size: int | None, small: bool) -> Kernel:
+def _kernel(kernels: tuple[ModuleType, ...], rows: int, k: int, group_size: int | None,
+            small: bool) -> Callable[..., torch.Tensor]:
     """The kernel function for `rows` rows (kernel_for's docstring); small: decode-sized kernels allowed."""
     gemv, mma, gemm = kernels
     if small and GEMV_ROWS < rows <= mma.MAX_M and mma.takes(k, group_size):
