@@ -136,16 +136,25 @@ class StepTrace:
 
 def decode_timing(llm: LLM, prompt: list[int], new_tokens: int) -> tuple[float, float, int]:
     """(time of the first token, of the last, tokens) for one request, stepping the engine directly."""
+    return batch_decode_timing(llm, [prompt], new_tokens)
+
+
+def batch_decode_timing(llm: LLM, prompts: list[list[int]], new_tokens: int) -> tuple[float, float, int]:
+    """(time of the step that gave every request its first token, of the last step, tokens of the last request
+    to finish) for `prompts` generated together, greedy, stepping the engine directly."""
     engine = llm.engine
-    engine.add_request({"prompt_token_ids": prompt},
-                       SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True))
+    for prompt in prompts:
+        engine.add_request({"prompt_token_ids": prompt},
+                           SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True))
     first = last = None
-    produced = 0
+    produced, started = 0, set()
     while engine.has_unfinished_requests():
         for out in engine.step():
             produced = len(out.outputs[0].token_ids)
             last = time.perf_counter()
-            first = first or last
+            started.add(out.request_id)
+        if first is None and len(started) == len(prompts):
+            first = last
     return first, last, produced
 
 

@@ -157,7 +157,7 @@ def quantized_config(shape: str, directory: Path, scheme: str | None, group_size
 
 def engine_decode(scheme: str | None, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from lamina import LLM
-    from lamina.bench.offline import decode_timing, release_memory
+    from lamina.bench.offline import batch_decode_timing, decode_timing, release_memory
 
     directory = workdir / (scheme or "bf16")
     directory.mkdir()
@@ -171,35 +171,18 @@ def engine_decode(scheme: str | None, args: argparse.Namespace, workdir: Path) -
     prompt = [(7 * i + 3) % 10000 for i in range(args.prompt_len)]
     decode_timing(llm, prompt, 2)  # warm-up
     first, last, produced = decode_timing(llm, prompt, args.new_tokens)
-    batch_tok_s = batch_decode_tok_s(llm, [[(t + i) % 10000 for t in prompt] for i in range(BATCH)], args.new_tokens)
+    batch_first, batch_last, _ = batch_decode_timing(llm, [[(t + i) % 10000 for t in prompt] for i in range(BATCH)],
+                                                     args.new_tokens)
     model = llm.engine.executor.worker.model
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     embed = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" in n)
     result = dict(scheme=scheme or "bf16", tok_per_s=(produced - 1) / (last - first), tokens=produced,
-                  batch=BATCH, batch_tok_per_s=batch_tok_s,
+                  batch=BATCH, batch_tok_per_s=BATCH * (args.new_tokens - 1) / (batch_last - batch_first),
                   weight_gb=weight_bytes / 1e9, streamed_gb=(weight_bytes - embed) / 1e9, startup_s=startup,
                   cuda_graphs=llm.engine.executor.worker.runner.graphs is not None)
     del llm, model
     release_memory()
     return result
-
-
-def batch_decode_tok_s(llm: Any, prompts: list[list[int]], new_tokens: int) -> float:
-    """Decode tok/s of `prompts` generated together: tokens after each request's first, over the time from the
-    first step with all of them decoding to the last step."""
-    from lamina import SamplingParams
-
-    engine = llm.engine
-    for prompt in prompts:
-        engine.add_request({"prompt_token_ids": prompt},
-                           SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True))
-    first = last = None
-    while engine.has_unfinished_requests():
-        outs = engine.step()
-        last = time.perf_counter()
-        if first is None and len(outs) == len(prompts) and all(len(o.outputs[0].token_ids) == 1 for o in outs):
-            first = last
-    return len(prompts) * (new_tokens - 1) / (last - first)
 
 
 def table(report: dict[str, Any]) -> str:

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from lamina.kernels.wna16_gemv import CHANNEL_GROUP, check_inputs
-from lamina.kernels.wna16_mma import _in_k_order
+from lamina.kernels.wna16_mma import in_k_order
 
 DEQUANTIZE_BLOCK = (32, 256)  # (rows, values of K) per program of the dequantize pass
 
@@ -145,7 +145,7 @@ def _dequantize_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, KW, group_size, strid
                        BITS: tl.constexpr, XOR: tl.constexpr, HAS_ZERO: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr):
     """out[N, K] = (u - OFFSET - z) * s in out's dtype: one rounding, the reference path's weight. Each word is
-    loaded once, its fields taken with constant shifts and joined into K order (wna16_mma._in_k_order), so the
+    loaded once, its fields taken with constant shifts and joined into K order (wna16_mma.in_k_order), so the
     store is contiguous."""
     PACK: tl.constexpr = 32 // BITS
     OFFSET: tl.constexpr = 1 << (BITS - 1)
@@ -159,12 +159,12 @@ def _dequantize_kernel(w_ptr, s_ptr, z_ptr, out_ptr, N, K, KW, group_size, strid
     if XOR != 0:
         words = words ^ XOR
     if BITS == 4:
-        u = _in_k_order(tl.join(_field(words, 0, 4), _field(words, 16, 4)),
+        u = in_k_order(tl.join(_field(words, 0, 4), _field(words, 16, 4)),
                         tl.join(_field(words, 4, 4), _field(words, 20, 4)),
                         tl.join(_field(words, 8, 4), _field(words, 24, 4)),
                         tl.join(_field(words, 12, 4), _field(words, 28, 4)), BLOCK_N, BLOCK_K)
     else:
-        u = _in_k_order(_field(words, 0, 8), _field(words, 8, 8), _field(words, 16, 8), _field(words, 24, 8),
+        u = in_k_order(_field(words, 0, 8), _field(words, 8, 8), _field(words, 16, 8), _field(words, 24, 8),
                         BLOCK_N, BLOCK_K)
     mask = n_mask & (offs_k < K)[None, :]
     g = (offs_k // group_size)[None, :]

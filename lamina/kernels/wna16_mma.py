@@ -73,11 +73,11 @@ MIN_SPLIT_STEPS = 4  # K steps a split walks at least
 
 @functools.lru_cache(maxsize=None)
 def default_config(m: int, n: int, k: int, group_size: int | None, sms: int = INTERPRETER_SMS) -> WNA16MmaConfig:
-    """Up to 16 rows: 64 weight rows x 16 rows of x per program, 4 warps, 3 stages (the fastest of 12 configs
-    summed over the Llama-3-8B shapes at 16 rows, int4 g128 and int8 per channel alike: scripts/wna16_mma_sweep.py
-    on the H200); more rows: 128 x 64 (128 from 128 rows), 8 warps. BLOCK_K 128, or the largest power of two
-    (>= 16) dividing the group size and K. K split until PROGRAMS_PER_SM programs per SM, each split at least
-    MIN_SPLIT_STEPS steps."""
+    """Up to 16 rows: 64 weight rows x 16 rows of x per program, 4 warps, 3 stages (the fastest of the 12 unsplit
+    configs summed over the Llama-3-8B shapes at 16 rows, int4 g128 and int8 per channel alike:
+    scripts/wna16_mma_sweep.py on the H200); more rows: 128 x 64 (128 from 128 rows), 8 warps. BLOCK_K 128, or
+    the largest power of two (>= 16) dividing the group size and K. K split until PROGRAMS_PER_SM programs per
+    SM, each split at least MIN_SPLIT_STEPS steps."""
     block_k = 128
     while block_k > 16 and ((group_size is not None and group_size % block_k) or k % block_k):
         block_k //= 2
@@ -100,7 +100,7 @@ def _pairs(w, SHIFT: tl.constexpr, MAGIC: tl.constexpr, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _in_k_order(a, b, c, d, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def in_k_order(a, b, c, d, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """[BLOCK_N, BLOCK_K] from four [BLOCK_N, words] tensors holding value i of each group of four (a: 0 ... d: 3)
     when each word holds four values (or, joined first, eight: the module docstring)."""
     return tl.reshape(tl.join(tl.join(a, c), tl.join(b, d)), (BLOCK_N, BLOCK_K))
@@ -145,11 +145,11 @@ def _wna16_mma_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, M, N, K, group
         a2, b2 = _pairs(w, 8, MAGIC, DTYPE)
         a3, b3 = _pairs(w, 12, MAGIC, DTYPE)
         if BITS == 4:
-            wq = _in_k_order(tl.join(a0, b0), tl.join(a1, b1), tl.join(a2, b2), tl.join(a3, b3), BLOCK_N, BLOCK_K)
+            wq = in_k_order(tl.join(a0, b0), tl.join(a1, b1), tl.join(a2, b2), tl.join(a3, b3), BLOCK_N, BLOCK_K)
             d = tl.dot(wq, xt)
         else:  # low nibbles of bytes 0..3: a0, a2, b0, b2; high nibbles: a1, a3, b1, b3
-            low = _in_k_order(a0, a2, b0, b2, BLOCK_N, BLOCK_K)
-            high = _in_k_order(a1, a3, b1, b3, BLOCK_N, BLOCK_K)
+            low = in_k_order(a0, a2, b0, b2, BLOCK_N, BLOCK_K)
+            high = in_k_order(a1, a3, b1, b3, BLOCK_N, BLOCK_K)
             d = tl.dot(low, xt) + 16.0 * tl.dot(high, xt)
         xsum = tl.sum(xt.to(tl.float32), axis=0)  # [BLOCK_M]
         g = k0 // group_size
