@@ -29,6 +29,7 @@
 #         spec-final     lamina.bench.spec: n-gram (default, k fixed) vs off, batch 1 sets + batch 1, 8, 32, 128, 256
 #         quant-engine   lamina.bench.quant_speed --skip-kernels (8B-shape decode, batch 1 and 8: bf16, int4, int8)
 #         mma-sweep      scripts/wna16_mma_sweep.py (tensor-core W4A16 / W8A16 vs GEMV, dequantize + cuBLAS, bf16)
+#         spec-decision  lamina.bench.spec_decision (host time of one n-gram decision at 1 .. 256 requests)
 #         eagle-train    the demo EAGLE head trained on the H200 (scripts/demo_model/eagle_device.sh) into
 #                        $OUT/demo-eagle-gpu, copied over lamina/assets/demo-eagle when it beats the shipped one
 set -u
@@ -100,6 +101,7 @@ for step in "$@"; do
                         --batch-sizes 1,8,32,128,256 --repeats 3 --result-file "$OUT/spec-final.json" ;;
         quant-engine) run quant-engine python -m lamina.bench.quant_speed --skip-kernels ;;
         mma-sweep) run mma-sweep env PYTHONPATH=. python scripts/wna16_mma_sweep.py ;;
+        spec-decision) run spec-decision python -m lamina.bench.spec_decision --result-file "$OUT/spec-decision.json" ;;
         quant-w8a8) run quant-w8a8 python scripts/quant_w8a8_gpu_check.py --result-file "$OUT/quant-w8a8.json" ;;
         *) echo "unknown step: $step"; status=2 ;;
     esac

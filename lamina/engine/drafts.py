@@ -26,13 +26,17 @@ def max_drafts(request: Request, k: int, max_model_len: int, ahead: int = 0) -> 
     before the drafts (1 when a worker-side proposer is asked before the step whose token they follow); with
     ahead = 0, none while the request is mid-prompt."""
     params = request.sampling_params
-    if (params.has_penalties or request.num_output_tokens + ahead < params.min_tokens
-            or (not ahead and request.num_computed_tokens != request.num_tokens - 1)):
+    num_tokens, num_outputs = len(request.all_token_ids), len(request.output_token_ids)
+    if (params.has_penalties or num_outputs + ahead < params.min_tokens
+            or (not ahead and request.num_computed_tokens != num_tokens - 1)):
         return 0
-    room = max_model_len - request.num_tokens - 1 - ahead
+    room = max_model_len - num_tokens - 1 - ahead
     if params.max_tokens is not None:
-        room = min(room, params.max_tokens - request.num_output_tokens - 1 - ahead)
+        room = min(room, params.max_tokens - num_outputs - 1 - ahead)
     return max(0, min(k, room))
+
+
+_EMPTY = np.empty(0, dtype=np.int64)
 
 
 class TokenArrays:
@@ -45,16 +49,20 @@ class TokenArrays:
 
     def of(self, request: Request) -> np.ndarray:
         tokens = request.all_token_ids
-        owner, buffer, filled = self._arrays.get(request.request_id, (request, np.empty(0, dtype=np.int64), 0))
-        if owner is not request or filled > len(tokens):  # a reused id, or a cut output
+        length = len(tokens)
+        owner, buffer, filled = self._arrays.get(request.request_id, (request, _EMPTY, 0))
+        if owner is not request or filled > length:  # a reused id, or a cut output
             filled = 0
-        if len(tokens) > len(buffer):
-            grown = np.empty(max(2 * len(buffer), len(tokens) + 64), dtype=np.int64)
+        if length > len(buffer):
+            grown = np.empty(max(2 * len(buffer), length + 64), dtype=np.int64)
             grown[:filled] = buffer[:filled]
             buffer = grown
-        buffer[filled:len(tokens)] = tokens[filled:]
-        self._arrays[request.request_id] = (request, buffer, len(tokens))
-        return buffer[:len(tokens)]
+        if length == filled + 1:  # the common case: one new token a step
+            buffer[filled] = tokens[filled]
+        elif length > filled:
+            buffer[filled:length] = tokens[filled:]
+        self._arrays[request.request_id] = (request, buffer, length)
+        return buffer[:length]
 
     def keep_only(self, request_ids: set[str]) -> None:
         """Forget the requests not in `request_ids` (finished or preempted: a preempted one is rebuilt)."""

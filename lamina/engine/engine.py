@@ -3,13 +3,17 @@
     add_request -> InputProcessor -> Scheduler.schedule (a data message, lamina/step.py)
                 -> Executor.execute_model (a StepFuture)
                 -> [async_scheduling: Scheduler.schedule_ahead -> Executor.execute_model of the next step]
-                -> StepFuture.result -> Scheduler.update_from_output -> OutputProcessor (detokenize,
-                   stop strings, outputs in each request's output_kind)
+                -> StepFuture.result -> Scheduler.update_from_output
+                -> [speculation: Speculator.after_tokens sets the next step's drafts; async_scheduling: the next
+                   step is scheduled and launched now, unless it was launched ahead]
+                -> OutputProcessor (detokenize, stop strings, outputs in each request's output_kind)
 
 The engine owns the requests; the executor's worker(s) own their copies of them and every tensor.
 
-With async scheduling the step launched ahead is the next call's step: its device work overlaps this
-call's host work (reading tokens, stop checks, detokenizing, building outputs).
+With async scheduling the step launched ahead (or early, after the tokens it follows) is the next call's
+step: its device work overlaps this call's host work (reading tokens, stop checks, detokenizing, building
+outputs). A step with drafts cannot be launched ahead (its drafts follow this step's tokens) but is launched
+early, so that its device work still overlaps this step's outputs.
 
 A step that raises ends its requests with finish_reason "error" (one row's sampling: that request only),
 frees their blocks, and the engine goes on; a lost device or repeated failures raise EngineBrokenError
@@ -47,12 +51,14 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class InflightStep:
-    """A step launched ahead (Scheduler.schedule_ahead) whose results the engine has not processed."""
+    """A step launched whose results the engine has not processed: ahead (Scheduler.schedule_ahead, before the
+    tokens of the step before it are known) or early (after them, before that step's outputs are processed)."""
 
     scheduled: SchedulerOutput
     requests: list[Request]  # the engine's requests of `scheduled`, in its order
     pending: StepFuture
     launch_seconds: float  # spent handing it to the executor (computing it, on a CPU), in the step before
+    ahead: bool
 
 
 class LLMEngine:
@@ -90,7 +96,8 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         if spec is not None and config.async_scheduling:
             logger.info("speculative decoding (%s, k=%d): steps are launched ahead only while no request drafts "
-                        "(drafts need each step's tokens)", spec.method, spec.num_speculative_tokens)
+                        "(drafts need each step's tokens), else once those tokens are known",
+                        spec.method, spec.num_speculative_tokens)
         self._ids = itertools.count()
         self._inflight: InflightStep | None = None  # launched ahead, not yet processed
         self._current: list[Request] = []  # the requests of the step being run (they fail if it raises)
@@ -150,47 +157,58 @@ class LLMEngine:
 
     def _step(self, start: float) -> list[RequestOutput]:
         self._current = []
-        launched_ahead = self._inflight is not None
-        launch_seconds = ahead_seconds = 0.0
-        if self._inflight is None:
-            scheduled = self.scheduler.schedule()
-            self._current = self._requests_of(scheduled)
-            if scheduled.is_empty and self.scheduler.has_unfinished_requests() and not self.scheduler.running:
-                raise EngineBrokenError("scheduler made no progress: no waiting request could be admitted into "
-                                        "an empty engine (this is a bug; please report it)")
-            if self.speculator is not None:
-                self.speculator.before_step(scheduled, self._current)
-            pending = self.executor.execute_model(scheduled)
-        else:
-            inflight, self._inflight = self._inflight, None
-            scheduled, self._current, pending = inflight.scheduled, inflight.requests, inflight.pending
-            launch_seconds = inflight.launch_seconds
+        step, self._inflight = self._inflight, None
+        launched_ahead = step is not None and step.ahead
+        if step is None:
+            step = self._launch(self._schedule(), ahead=False)
+            step.launch_seconds = 0.0  # launched in this call: its launch is in this call's time
+        scheduled, pending, self._current = step.scheduled, step.pending, step.requests
         # A step runs ahead only without failed rows, and while nobody drafts: not after a step that verifies
         # drafts (Scheduler.schedule_ahead checks), nor when the speculator decides on the next one's drafts.
         if self.config.async_scheduling and not pending.failed and not (self.speculator and
                                                                          self.speculator.wants_sync()):
             ahead = self.scheduler.schedule_ahead(scheduled)
             if ahead is not None:
-                launched = time.perf_counter()
-                pending_ahead = self.executor.execute_model(ahead)
-                ahead_seconds = time.perf_counter() - launched
-                self._inflight = InflightStep(ahead, self._requests_of(ahead), pending_ahead, ahead_seconds)
+                self._inflight = self._launch(ahead, ahead=True)
         waited = time.perf_counter()
         result = pending.result()
         waited = time.perf_counter() - waited
         changed = self.scheduler.update_from_output(scheduled, result)
         changed += self._fail_siblings(changed)
+        if self.speculator is not None:
+            self.speculator.after_tokens(scheduled, result, self.scheduler.running)
+            if self.config.async_scheduling and self._inflight is None:
+                # the next step's drafts are known: launch it now, its device work under this step's outputs
+                self._inflight = self._launch(self._schedule(), ahead=False)
         outputs = self.output_processor.process(changed, self._stop_string_found)
         # The step's time: this call's, less the launch of the step after it, plus its own launch when that
         # was in the call before (a CPU computes a step as it is launched, a GPU only queues it).
-        seconds = time.perf_counter() - start - ahead_seconds + launch_seconds
+        next_launch = self._inflight.launch_seconds if self._inflight is not None else 0.0
+        seconds = time.perf_counter() - start - next_launch + step.launch_seconds
         if self.speculator is not None:
-            self.speculator.after_step(scheduled, result, self.scheduler.running, seconds)
+            self.speculator.after_step(scheduled, seconds)
         if self._inflight is not None and all(r.is_finished for r in self._inflight.requests):
             self._inflight = None  # nothing left in it to wait for (its device work is stream-ordered)
         if self.step_log is not None:
             self.step_log.append(_step_stats(scheduled, launched_ahead, seconds, waited, result.num_compiles))
         return outputs
+
+    def _schedule(self) -> SchedulerOutput:
+        scheduled = self.scheduler.schedule()
+        if scheduled.is_empty and self.scheduler.has_unfinished_requests() and not self.scheduler.running:
+            raise EngineBrokenError("scheduler made no progress: no waiting request could be admitted into "
+                                    "an empty engine (this is a bug; please report it)")
+        return scheduled
+
+    def _launch(self, scheduled: SchedulerOutput, ahead: bool) -> InflightStep:
+        """Hand `scheduled` to the executor (after the speculator's before_step, unless launched ahead)."""
+        requests = self._requests_of(scheduled)
+        self._current = self._current + requests  # they fail with it if launching raises
+        if self.speculator is not None and not ahead:
+            self.speculator.before_step(scheduled, requests)
+        launched = time.perf_counter()
+        pending = self.executor.execute_model(scheduled)
+        return InflightStep(scheduled, requests, pending, time.perf_counter() - launched, ahead)
 
     def _step_failed(self, err: Exception) -> list[RequestOutput]:
         """End the requests of the failed step (and of the step launched ahead) with the error; raise

@@ -1,11 +1,12 @@
 """Speculator: the engine's side of speculative decoding, around each step.
 
-    engine-side proposer (n-gram):   step t runs  ->  after_step: propose from the verified tokens (host)
+    engine-side proposer (n-gram):   step t runs  ->  after_tokens: propose from the verified tokens (host)
     worker-side proposer (draft model, Medusa, early exit):
         before_step: draft_limits in the step message (and the scheduler held lookahead KV slots for them)
-        step t runs; the worker drafts once its tokens are known  ->  after_step: take its drafts
+        step t runs; the worker drafts once its tokens are known  ->  after_tokens: take its drafts
     either way the next step verifies request.spec_token_ids, cut to max_drafts (max_tokens, max_model_len,
-    penalties, min_tokens).
+    penalties, min_tokens); the engine may launch it before step t's outputs are processed. after_step: step t's
+    wall time, once known (the policy's cost model, the verify time, a decision's share of a step).
 """
 from __future__ import annotations
 
@@ -29,9 +30,11 @@ MAX_REST = 32  # steps: the longest pause of the policy's decisions while specul
 # at batch 1 costs one synchronous step, ~0.1 ms more than one launched ahead on the H200)
 MATCH_MAX_REST = 2
 # ... unless deciding costs more: consecutive steps without a match worth drafting pause longer, up to as many steps
-# as keep the decisions' host time under this share of the steps' time (a decision for 32 requests costs ~1.5 ms
-# on the H200 host, a step 1.5-1.9 ms: pauses of up to 2 made the default 0.71x at batch 32, 0.65x at 256)
-DECISION_BUDGET = 0.05
+# as keep the host time of the decisions that let nobody draft under this share of the steps' time (a decision for
+# 128 requests costs ~0.6 ms on a 2-core host, a step of the demo model 2.1 ms on the H200: pauses of up to 2 made
+# the default 0.71x at batch 32 and 0.65x at 256, pauses for a 5 % share 0.85-0.89x at 32-256)
+DECISION_BUDGET = 0.02
+HIT_DECAY = 0.9  # the hit rate (decisions that let some request draft) is an EMA over decisions with this decay
 
 
 @dataclass
@@ -41,11 +44,16 @@ class Rest:
     does not pay costs next to nothing; a step with drafts resets the pause to 1. A worker-side proposer's step
     counts as drafting when the policy allowed drafts, whether the proposer found any or not. n-gram's step
     without a match worth drafting (Verdict.NOTHING_FOUND) pauses for at most MATCH_MAX_REST steps (pauses of up
-    to 8 there: adaptive n-gram verified on 238 steps where k fixed verified on 374, H200, k = 7), or longer where a
-    decision costs a large share of a step (`decision_share`: its host time over the step's, DECISION_BUDGET)."""
+    to 8 there: adaptive n-gram verified on 238 steps where k fixed verified on 374, H200, k = 7), or longer where
+    decisions that find nothing cost a large share of the steps:
+
+        a decision of `decision_share` of a step (its host time over the step's) finds drafts with probability h
+        (hit_rate); one decision per pause of L steps wastes decision_share * (1 - h) / (L + 1) of the time,
+        so L = ceil(decision_share * (1 - h) / DECISION_BUDGET) - 1 keeps that under DECISION_BUDGET."""
 
     left: int = 0
     length: int = 1
+    hit_rate: float = 0.5
 
     def resting(self) -> bool:
         if self.left:
@@ -54,10 +62,12 @@ class Rest:
         return False
 
     def decided(self, verdict: Verdict, decision_share: float = 0.0) -> None:
+        self.hit_rate = HIT_DECAY * self.hit_rate + (1 - HIT_DECAY) * (verdict is Verdict.DRAFTING)
         if verdict is Verdict.DRAFTING:
             self.length = 1
         elif verdict is Verdict.NOTHING_FOUND:
-            longest = min(MAX_REST, max(MATCH_MAX_REST, math.ceil(decision_share / DECISION_BUDGET) - 1))
+            wasted = decision_share * (1 - self.hit_rate)
+            longest = min(MAX_REST, max(MATCH_MAX_REST, math.ceil(wasted / DECISION_BUDGET) - 1))
             self.left, self.length = min(self.length, longest), min(2 * self.length, longest)
         else:
             self.left, self.length = self.length, min(2 * self.length, MAX_REST)
@@ -75,6 +85,8 @@ class Speculator:
         self._arrays = TokenArrays()  # the drafting requests' tokens as numpy arrays, for the n-gram proposer
         self._rest = Rest()
         self._decision_share = 0.0  # a decision's host time over the step's (EMA), for Rest
+        self._decision_seconds: float | None = None  # the last decision's, until its step's time is known
+        self._observe_next = False  # whether after_step feeds the step's time to the policy's cost model
 
     @property
     def num_lookahead_tokens(self) -> int:
@@ -99,30 +111,37 @@ class Speculator:
             self._rest.decided(Verdict.DRAFTING if any(caps) else Verdict.OFF)
         scheduled.draft_limits.update((request_id, limit) for request_id, limit in zip(ids, caps) if limit)
 
-    def after_step(self, scheduled: SchedulerOutput, result: ModelRunnerOutput, running: list[Request],
-                   step_seconds: float) -> None:
-        """Set the drafts of the next step (request.spec_token_ids); count the time of drafting and verifying."""
-        verified = bool(scheduled.scheduled_spec_decode_tokens)
-        if verified:
-            self.stats.verify_seconds += step_seconds
+    def after_tokens(self, scheduled: SchedulerOutput, result: ModelRunnerOutput, running: list[Request]) -> None:
+        """Set the drafts of the next step (request.spec_token_ids) once this step's tokens are known (before its
+        outputs are processed: the engine may launch the next step first)."""
+        self._observe_next = False
         resting = self.policy is not None and self._rest.resting()  # one step of the pause passes
         if self.proposer is not None and resting:
             return  # nobody drafts: spec_token_ids are empty (settled after the last verify step)
-        if self.policy is not None and not result.num_compiles:  # a step that compiled kernels is no cost sample
-            self.policy.observe_scheduled(scheduled, step_seconds)
+        self._observe_next = self.policy is not None and not result.num_compiles  # a compiling step is no sample
         start = time.perf_counter()
         if self.proposer is not None:
             verdict = propose_drafts(self.proposer, running, self.k, self.max_model_len, self._arrays, self.policy,
                                      self.stats)
             if self.policy is not None:
                 # the whole decision's host time (policy, proposal, bookkeeping) is what drafting costs a step
-                seconds = time.perf_counter() - start
-                self.policy.observe_drafting(len(running), seconds)
-                self._observe_decision(seconds, step_seconds)
+                self._decision_seconds = time.perf_counter() - start
+                self.policy.observe_drafting(len(running), self._decision_seconds)
                 self._rest.decided(verdict, self._decision_share)
-        elif verified or result.draft_token_ids:
+        elif scheduled.scheduled_spec_decode_tokens or result.draft_token_ids:
             self._take_worker_drafts(result, running)
         self.stats.draft_seconds += time.perf_counter() - start
+
+    def after_step(self, scheduled: SchedulerOutput, step_seconds: float) -> None:
+        """The step's wall time, once its outputs are processed: the verify time, the policy's cost model, and
+        the share of a step that the decision after it took."""
+        if scheduled.scheduled_spec_decode_tokens:
+            self.stats.verify_seconds += step_seconds
+        if self._observe_next:
+            self.policy.observe_scheduled(scheduled, step_seconds)
+        if self._decision_seconds is not None:
+            self._observe_decision(self._decision_seconds, step_seconds)
+            self._decision_seconds = None
 
     def _observe_decision(self, seconds: float, step_seconds: float) -> None:
         if step_seconds > 0:

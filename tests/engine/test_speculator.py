@@ -38,15 +38,37 @@ def test_a_step_without_a_match_worth_drafting_pauses_briefly() -> None:
 
 
 def test_decisions_that_cost_a_large_share_of_a_step_pause_longer() -> None:
-    """A decision costing 30 % of a step: consecutive steps without a match worth drafting pause 1, 2, 4, then
-    0.30 / DECISION_BUDGET - 1 = 5 steps, so the decisions cost at most DECISION_BUDGET of the steps' time; a
-    decision costing 5 % of a step pauses as before (MATCH_MAX_REST); a step with drafts resets the pause."""
-    assert DECISION_BUDGET == 0.05
-    text = rest_pattern(30, lambda step: Verdict.NOTHING_FOUND, decision_share=0.3)
-    assert text.startswith("d.d..d....d.....d.....d")
+    """A decision costing 30 % of a step that never finds drafts: pauses of 1, 2, 4, 8, then longer as its hit rate
+    falls from the prior 0.5, up to 0.30 / DECISION_BUDGET - 1 = 14 steps, where the decisions cost DECISION_BUDGET
+    of the steps' time; a decision costing a share of DECISION_BUDGET pauses as before (MATCH_MAX_REST); a step with
+    drafts resets the pause."""
+    assert DECISION_BUDGET == 0.02
+    text = rest_pattern(300, lambda step: Verdict.NOTHING_FOUND, decision_share=0.3)
+    pauses = [len(pause) for pause in text.split("d")[1:-1]]
+    assert pauses[:5] == [1, 2, 4, 8, 10] and pauses == sorted(pauses) and pauses[-1] == 14
     assert rest_pattern(12, lambda step: Verdict.NOTHING_FOUND, DECISION_BUDGET) == "d.d..d..d..d"
     text = rest_pattern(24, lambda step: Verdict.DRAFTING if step == 10 else Verdict.NOTHING_FOUND, 0.3)
     assert text.startswith("d.d..d....dd.d..d....d")
+
+
+def verdict_pattern(verdicts: list[Verdict], decision_share: float, rest: Rest) -> str:
+    """rest_pattern for the given verdicts, one a decision."""
+    pending, pattern = iter(verdicts), []
+    for verdict in pending:
+        while rest.resting():
+            pattern.append(".")
+        pattern.append("d")
+        rest.decided(verdict, decision_share)
+    return "".join(pattern)
+
+
+def test_decisions_that_often_find_drafts_pause_briefly() -> None:
+    """The pause is for decisions that find nothing: where 3 of 4 decisions let some request draft, a decision
+    costing 15 % of a step pauses at most MATCH_MAX_REST steps after steps without a match; where none does, the
+    third step without a match pauses 4 steps."""
+    often = verdict_pattern(([Verdict.DRAFTING] * 9 + [Verdict.NOTHING_FOUND] * 3) * 10, 0.15, Rest(hit_rate=0.75))
+    assert "ddd.d..d..ddd" in often and max(map(len, often.split("d"))) == MATCH_MAX_REST
+    assert verdict_pattern([Verdict.NOTHING_FOUND] * 4, 0.15, Rest(hit_rate=0.0)) == "d.d..d....d"
 
 
 def test_an_engine_whose_drafts_do_not_pay_rarely_decides(tmp_path) -> None:
@@ -153,3 +175,29 @@ def test_a_step_launched_ahead_is_charged_for_its_launch(tmp_path) -> None:
     assert all(seconds >= launch for launch, seconds in observed)
     assert all(step.seconds >= step.device_wait_s for step in engine.step_log)
     engine.check_integrity()
+
+
+def test_a_step_with_drafts_is_launched_before_the_outputs_it_follows(tmp_path) -> None:
+    """Async scheduling: a verify step cannot be launched ahead (its drafts follow the step before it), but it is
+    launched as soon as that step's tokens are known, before their outputs are detokenized and returned, so its
+    device work overlaps them. Greedy output is unchanged; without async scheduling the order is the old one."""
+    model = make_tiny_model("llama", tmp_path / "m", vocab_size=320)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    prompts = [{"prompt_token_ids": [5, 6, 7, 5, 6, 7, 5, 6]}]
+    want = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64).generate(prompts, params, use_tqdm=False)
+    for async_scheduling in (True, False):
+        llm = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64, async_scheduling=async_scheduling,
+                  speculative_config={"method": "ngram", "num_speculative_tokens": 3, "adaptive": False})
+        engine, events = llm.engine, []
+        execute_model, process = engine.executor.execute_model, engine.output_processor.process
+        engine.executor.execute_model = lambda scheduled: (
+            events.append("verify" if scheduled.scheduled_spec_decode_tokens else "step"), execute_model(scheduled))[1]
+        engine.output_processor.process = lambda *args: (events.append("outputs"), process(*args))[1]
+        got = llm.generate(prompts, params, use_tqdm=False)
+        assert got[0].outputs[0].token_ids == want[0].outputs[0].token_ids
+        # at each verify launch: steps launched whose outputs are not processed yet (the one it follows, or none)
+        unprocessed = [events[:i].count("step") + events[:i].count("verify") - events[:i].count("outputs")
+                       for i, e in enumerate(events) if e == "verify"]
+        assert len(unprocessed) >= 3 and set(unprocessed) == ({1} if async_scheduling else {0})
+        assert engine.get_stats().spec.num_accepted_tokens > 0
+        engine.check_integrity()
