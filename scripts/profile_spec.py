@@ -1,39 +1,75 @@
-"""Where a batch-1 step's host time goes, with and without n-gram speculation (issue #12).
+"""Where a step's host time goes, with and without n-gram speculation (issue #12).
 
-    python scripts/profile_spec.py [--model DIR] [--new-tokens 512] [--top 30]
+    python scripts/profile_spec.py [--model DIR] [--new-tokens 512] [--batch-size 1] [--top 30]
 
-One long greedy and one T=0.6 generation per engine under cProfile; prints each engine's step times by kind
-(from the engine's step log) and the functions with the most own time.
+Batch 1: one long greedy and one T=0.6 generation per engine; a larger batch: the throughput prompts of
+lamina.bench.spec at T=0.6. Each under cProfile; prints each engine's step times by kind (from the engine's step
+log), the host time of its speculator's decisions (Speculator.after_tokens, timed around the call) and the
+functions with the most own time.
 """
 from __future__ import annotations
 
 import argparse
 import cProfile
+import itertools
 import pstats
 import time
 
 from lamina import DEMO_MODEL, LLM, SamplingParams
+from lamina.bench.spec import PROMPT_SETS
 
 PROMPT = "def fibonacci(n):\n"
 
 
+def prompts_for(batch_size: int) -> list[str]:
+    if batch_size == 1:
+        return [PROMPT]
+    everything = [p for prompts in PROMPT_SETS.values() for p in prompts]
+    return list(itertools.islice(itertools.cycle(everything), batch_size))
+
+
+def timed_decisions(llm: LLM) -> list[float]:
+    """Wrap the engine's Speculator.after_tokens: the list fills with the seconds of each call that decided."""
+    speculator, seconds = llm.engine.speculator, []
+    if speculator is None:
+        return seconds
+    after_tokens = speculator.after_tokens
+
+    def timed(*args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        before, start = speculator.stats.draft_seconds, time.perf_counter()
+        after_tokens(*args, **kwargs)
+        if speculator.stats.draft_seconds > before:  # it proposed (not a step of a pause)
+            seconds.append(time.perf_counter() - start)
+
+    speculator.after_tokens = timed
+    return seconds
+
+
 def profile(label: str, spec: dict | None, args: argparse.Namespace) -> None:
     llm = LLM(model=args.model, speculative_config=spec, gpu_memory_utilization=0.3)
-    llm.generate([PROMPT], SamplingParams(max_tokens=16), use_tqdm=False)
-    for temperature in (0.0, 0.6):
+    prompts = prompts_for(args.batch_size)
+    llm.generate(prompts, SamplingParams(max_tokens=16), use_tqdm=False)
+    decisions = timed_decisions(llm)
+    for temperature in (0.0, 0.6) if args.batch_size == 1 else (0.6,):
         params = SamplingParams(temperature=temperature, max_tokens=args.new_tokens, ignore_eos=True, seed=0)
-        llm.engine.step_log = []
+        llm.engine.step_log, decisions[:] = [], []
         profiler = cProfile.Profile()
         start = time.perf_counter()
         profiler.enable()
-        out = llm.generate([PROMPT], params, use_tqdm=False)[0].outputs[0]
+        outs = llm.generate(prompts, params, use_tqdm=False)
         profiler.disable()
         seconds = time.perf_counter() - start
         kinds: dict[str, list[float]] = {}
         for step in llm.engine.step_log:
             kinds.setdefault(step.kind, []).append(step.seconds)
         steps = ", ".join(f"{k} {len(v)} x {1000 * sum(v) / len(v):.3f} ms" for k, v in kinds.items())
-        print(f"== {label} T={temperature}: {len(out.token_ids) / seconds:.0f} tok/s (under cProfile); {steps}")
+        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        print(f"== {label} batch {args.batch_size} T={temperature}: {tokens / seconds:.0f} tok/s (under cProfile); "
+              f"{steps}")
+        if decisions:
+            ordered = sorted(1000 * s for s in decisions)
+            print(f"   decisions: {len(ordered)}, ms min {ordered[0]:.3f} median {ordered[len(ordered) // 2]:.3f} "
+                  f"max {ordered[-1]:.3f} total {sum(ordered):.1f}")
         pstats.Stats(profiler).sort_stats("tottime").print_stats(args.top)
     llm.engine.executor.shutdown()
 
@@ -42,10 +78,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=DEMO_MODEL)
     parser.add_argument("--new-tokens", type=int, default=512)
+    parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args()
+    if args.batch_size < 1:
+        parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
     profile("off", None, args)
-    profile("ngram k=3", {"method": "ngram", "num_speculative_tokens": 3, "adaptive": False}, args)
+    profile("ngram", {"method": "ngram"}, args)
 
 
 if __name__ == "__main__":

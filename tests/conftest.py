@@ -7,6 +7,18 @@ loads before collecting any test module. Only Triton kernels see it: they run on
 """
 from __future__ import annotations
 
+import gc
 import os
 
+import pytest
+
 os.environ["TRITON_INTERPRET"] = "1"
+
+
+@pytest.fixture(autouse=True)
+def _unfreeze_heap():  # noqa: ANN202 - a fixture
+    """Every engine freezes the heap alive at its start-up (lamina.engine.engine.freeze_heap), so that a long-lived
+    process's collections stay cheap; a test process builds hundreds of engines, and the cycles of those it dropped
+    would never be collected. Thawed after each test."""
+    yield
+    gc.unfreeze()

@@ -22,6 +22,7 @@ frees their blocks, and the engine goes on; a lost device or repeated failures r
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import logging
 import time
@@ -103,6 +104,7 @@ class LLMEngine:
         self._current: list[Request] = []  # the requests of the step being run (they fail if it raises)
         self._failed_steps = 0  # consecutive
         self.step_log: list[StepStats] | None = None  # a list: every step appends its StepStats (off: None)
+        freeze_heap()
 
     def _eos_token_ids(self) -> frozenset[int]:
         if self.tokenizer is not None:
@@ -261,6 +263,15 @@ class LLMEngine:
     def check_integrity(self) -> None:
         """Assert the KV block accounting is exact (no leaked blocks)."""
         self.kv_manager.check_integrity()
+
+
+def freeze_heap() -> None:
+    """Collect, then move every object alive after start-up (the model's modules, graphs, tokenizer, ...) out of
+    the garbage collector's generations, as vLLM does: a full collection then walks only what serving allocated.
+    Without it, a full collection in a benchmark process (~250k objects) took 110-130 ms on the H200's host, once
+    every few thousand steps, inside whichever step triggered it."""
+    gc.collect()
+    gc.freeze()
 
 
 def _step_stats(scheduled: SchedulerOutput, launched_ahead: bool, seconds: float, waited: float,

@@ -108,3 +108,16 @@ def test_step_log_records_each_step_only_while_on(engine):
     assert any(s.kind == "decode ahead" for s in steps)  # async scheduling is on by default
     assert all(0 <= s.device_wait_s <= s.seconds for s in steps)
     assert sum(s.num_tokens for s in steps) >= prompt_len + 5  # the prompt, then 5 of the 6 tokens fed back
+
+
+def test_the_start_up_heap_is_frozen_out_of_the_garbage_collector(tmp_path) -> None:
+    """A full collection walks only what serving allocated: the objects alive after start-up (the engine's own
+    included) are in the permanent generation."""
+    import gc
+
+    model = make_tiny_model("llama", tmp_path / "m", vocab_size=320)
+    gc.unfreeze()
+    llm = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=16)
+    frozen = gc.get_freeze_count()
+    assert frozen > 1000 and not any(o is llm.engine for o in gc.get_objects())
+    gc.unfreeze()
