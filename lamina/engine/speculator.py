@@ -134,14 +134,16 @@ class Speculator:
 
     def after_step(self, scheduled: SchedulerOutput, step_seconds: float) -> None:
         """The step's wall time, once its outputs are processed: the verify time, the policy's cost model, and
-        the share of a step that the decision after it took."""
+        the share of a step that the decision after it took. The decision ran inside the step's call; the policy
+        charges it apart (c_draft), so its cost model gets the step without it."""
         if scheduled.scheduled_spec_decode_tokens:
             self.stats.verify_seconds += step_seconds
+        decision, self._decision_seconds = self._decision_seconds, None
+        own_seconds = step_seconds - (decision or 0.0)
         if self._observe_next:
-            self.policy.observe_scheduled(scheduled, step_seconds)
-        if self._decision_seconds is not None:
-            self._observe_decision(self._decision_seconds, step_seconds)
-            self._decision_seconds = None
+            self.policy.observe_scheduled(scheduled, own_seconds)
+        if decision is not None:
+            self._observe_decision(decision, own_seconds)
 
     def _observe_decision(self, seconds: float, step_seconds: float) -> None:
         if step_seconds > 0:

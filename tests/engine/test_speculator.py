@@ -201,3 +201,35 @@ def test_a_step_with_drafts_is_launched_before_the_outputs_it_follows(tmp_path) 
         assert len(unprocessed) >= 3 and set(unprocessed) == ({1} if async_scheduling else {0})
         assert engine.get_stats().spec.num_accepted_tokens > 0
         engine.check_integrity()
+
+
+class _SlowProposer:
+    """n-gram's drafts, each proposal taking `delay` seconds more."""
+
+    def __init__(self, proposer, delay: float) -> None:  # noqa: ANN001
+        self.proposer, self.delay = proposer, delay
+
+    def propose_with_matches(self, token_ids, max_drafts):  # noqa: ANN001, ANN201
+        time.sleep(self.delay)
+        return self.proposer.propose_with_matches(token_ids, max_drafts)
+
+
+def test_the_cost_model_gets_a_step_without_the_decision_inside_it(tmp_path) -> None:
+    """The decision on the next step's drafts runs inside a step's call (before its outputs); the policy charges
+    decisions apart (c_draft), so the step time its cost model gets leaves the decision out: with proposals made
+    50 ms slower, the steps the engine logs with a decision take > 50 ms, the times the cost model gets do not."""
+    model = make_tiny_model("llama", tmp_path / "m", vocab_size=320)
+    llm = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    engine = llm.engine
+    policy = engine.speculator.policy
+    engine.speculator.proposer = _SlowProposer(engine.speculator.proposer, 0.05)
+    observed: list[float] = []
+    observe = policy.observe_scheduled
+    policy.observe_scheduled = lambda scheduled, seconds: (observed.append(seconds), observe(scheduled, seconds))
+    engine.step_log = []
+    llm.generate([{"prompt_token_ids": [5, 6, 7, 5, 6, 7, 5, 6]}],
+                 SamplingParams(temperature=0, max_tokens=30, ignore_eos=True), use_tqdm=False)
+    slow = [step.seconds for step in engine.step_log if step.seconds > 0.05]
+    assert len(slow) >= 2 and len(observed) >= 2 and max(observed) < 0.05
+    engine.check_integrity()
