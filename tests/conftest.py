@@ -8,6 +8,7 @@ loads before collecting any test module. Only Triton kernels see it: they run on
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 
 import pytest
@@ -15,10 +16,16 @@ import pytest
 os.environ["TRITON_INTERPRET"] = "1"
 
 
+THAW_EVERY = 25  # tests
+_tests_run = itertools.count(1)
+
+
 @pytest.fixture(autouse=True)
-def _unfreeze_heap():  # noqa: ANN202 - a fixture
+def _thaw_heap():  # noqa: ANN201 - a fixture
     """Every engine freezes the heap alive at its start-up (lamina.engine.engine.freeze_heap), so that a long-lived
     process's collections stay cheap; a test process builds hundreds of engines, and the cycles of those it dropped
-    would never be collected. Thawed after each test."""
+    would never be collected. Thawed every THAW_EVERY tests: after each test, every engine's start-up collection
+    walked the whole heap again (tests/engine: 61 s against 41 s)."""
     yield
-    gc.unfreeze()
+    if next(_tests_run) % THAW_EVERY == 0:
+        gc.unfreeze()

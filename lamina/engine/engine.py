@@ -100,7 +100,7 @@ class LLMEngine:
                         "(drafts need each step's tokens), else once those tokens are known",
                         spec.method, spec.num_speculative_tokens)
         self._ids = itertools.count()
-        self._inflight: InflightStep | None = None  # launched ahead, not yet processed
+        self._inflight: InflightStep | None = None  # launched (ahead or early), not yet processed
         self._current: list[Request] = []  # the requests of the step being run (they fail if it raises)
         self._failed_steps = 0  # consecutive
         self.step_log: list[StepStats] | None = None  # a list: every step appends its StepStats (off: None)

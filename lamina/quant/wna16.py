@@ -10,10 +10,10 @@ Parameters of one layer (rows = the sum of its fused output sizes, groups = in /
                                                          packs it along rows, across fused shards' borders)
     weight_shape       int64 [shards, 2]                 each shard's (out, in), checked against the layer
 
-`apply` runs the Triton kernels that `kernel_for` picks on CUDA (lamina/kernels/wna16_gemv.py for one row,
-wna16_mma.py for 2..16, wna16_gemm.wna16_matmul for more: they read these same parameters, the checkpoint's
-layout, so nothing is repacked after loading), else the reference path: dequantize the whole weight and
-multiply (exact, any device, not fast; the kernels' oracle).
+`apply` runs the Triton kernels that `kernel_for` picks on CUDA (lamina/kernels/wna16_row.py for one bf16 row,
+wna16_gemv.py for one fp16 row, wna16_mma.py for 2..16, wna16_gemm.wna16_matmul for more: they read these same
+parameters, the checkpoint's layout, so nothing is repacked after loading), else the reference path: dequantize
+the whole weight and multiply (exact, any device, not fast; the kernels' oracle).
 """
 from __future__ import annotations
 
@@ -38,9 +38,12 @@ Kernel = Callable[[nn.Module, torch.Tensor, torch.Tensor | None], torch.Tensor]
 def kernel_for(x: torch.Tensor, layer: nn.Module, args: WeightQuantArgs) -> Kernel | None:
     """The fast W4A16 / W8A16 path (issue #13): on CUDA (dispatch.on_kernel_device), for fp16 / bf16 x with
     scales of x's dtype and triton importable. When the layer's KernelChoice allows decode-sized kernels:
-    lamina.kernels.wna16_gemv up to GEMV_ROWS rows, wna16_mma up to its MAX_M rows (where K and the group size are
-    multiples of 16; else the GEMV up to its MAX_M); lamina.kernels.wna16_gemm.wna16_matmul for the rest. None
-    runs the reference path.
+    one row: lamina.kernels.wna16_row where it takes the operands (bf16 x; K whole words, groups of whole 4-word
+    chunks: 32 values at 4 bits, 16 at 8, or per channel), else lamina.kernels.wna16_gemv; 2..16 rows wna16_mma
+    (where K and the group size are multiples of 16; else the GEMV up to its MAX_M);
+    lamina.kernels.wna16_gemm.wna16_matmul for the rest. None runs the reference path. Summed over a Llama-3-8B's
+    one-row decode GEMVs (32 layers + LM head, H200): int4 g128 1.83 ms with wna16_row against 2.93 with
+    wna16_gemv, int8 per channel 2.42 against 3.75 (GEMV_ROWS' comment).
     Pack-quantized 4- and 8-bit weights, and naive int8 ones whose rows are whole int32 words. Triton is
     imported on the first CUDA call only, never on CPU."""
     if not (dispatch.on_kernel_device(x) and x.dtype in dispatch.GEMV_DTYPES) or getattr(args, "type", "int") != "int":
@@ -60,7 +63,7 @@ def kernel_for(x: torch.Tensor, layer: nn.Module, args: WeightQuantArgs) -> Kern
     kernels = _wna16_kernels()
     if kernels is None:
         return None
-    fn = _kernel(kernels, x.numel() // x.shape[-1], x.shape[-1], group_size,
+    fn = _kernel(kernels, x.numel() // x.shape[-1], x.shape[-1], args.num_bits, group_size, x.dtype,
                  getattr(layer, "kernels", dispatch.DEFAULT_KERNELS).gemv)
 
     def run(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -73,18 +76,23 @@ def kernel_for(x: torch.Tensor, layer: nn.Module, args: WeightQuantArgs) -> Kern
 
 
 _NAIVE_INT8_XOR = -0x7F7F7F80  # lamina.kernels.wna16_gemv.NAIVE_INT8_XOR, without importing triton
-# Rows up to which the GEMV runs rather than wna16_mma: where it costs less summed over a Llama-3-8B (32 layers of
-# qkv, o_proj, gate_up, down, and the LM head; H200: the GEMV benchmarks/results/2026-12-01-h200-quant-speed-run2.json,
-# the MMA kernel with split K 2026-12-02-h200-wna16-mma-sweep-split-k.json): int4 GEMV 2.97 / 5.70 ms at 1 / 2 rows
-# against the MMA kernel's 4.20 at any of 1..16; int8 3.77 / 8.60 against 6.08. Dequantize + cuBLAS at 16 rows:
+# Rows up to which a GEMV runs rather than wna16_mma: where it costs less summed over a Llama-3-8B (32 layers of
+# qkv, o_proj, gate_up, down, and the LM head; H200). One row, bf16: wna16_row, int4 g128 32 * (8.3 + 7.0 + 23.6 +
+# 15.3) + 90.5 us = 1.83 ms, int8 per channel 2.42 ms (its default config, n4-w1-kw128:
+# benchmarks/results/2026-12-02-h200-gemv-variants.json), against wna16_gemv's 2.93 / 3.75 ms in the same run
+# (2.97 / 3.77 in 2026-12-01-h200-quant-speed-run2.json; 5.70 / 8.60 at 2 rows) and the MMA kernel's 4.20 / 6.08 at
+# any of 1..16 rows (with split K, 2026-12-02-h200-wna16-mma-sweep-split-k.json). Dequantize + cuBLAS at 16 rows:
 # 1.7-9.4x the MMA kernel's time per shape.
 GEMV_ROWS = 1
 
 
-def _kernel(kernels: tuple[ModuleType, ...], rows: int, k: int, group_size: int | None,
-            small: bool) -> Callable[..., torch.Tensor]:
-    """The kernel function for `rows` rows (kernel_for's docstring); small: decode-sized kernels allowed."""
-    gemv, mma, gemm = kernels
+def _kernel(kernels: tuple[ModuleType, ...], rows: int, k: int, num_bits: int, group_size: int | None,
+            dtype: torch.dtype, small: bool) -> Callable[..., torch.Tensor]:
+    """The kernel function for `rows` rows of x of `dtype` (kernel_for's docstring); small: decode-sized kernels
+    allowed."""
+    gemv, mma, gemm, row = kernels
+    if small and rows <= GEMV_ROWS and row.takes(dtype, rows, k, num_bits, group_size):
+        return row.wna16_row_gemv
     if small and GEMV_ROWS < rows <= mma.MAX_M and mma.takes(k, group_size):
         return mma.wna16_mma
     if small and rows <= gemv.MAX_M:
@@ -93,12 +101,13 @@ def _kernel(kernels: tuple[ModuleType, ...], rows: int, k: int, group_size: int 
 
 
 @functools.cache
-def _wna16_kernels() -> tuple[ModuleType, ModuleType, ModuleType] | None:
+def _wna16_kernels() -> tuple[ModuleType, ModuleType, ModuleType, ModuleType] | None:
+    """(wna16_gemv, wna16_mma, wna16_gemm, wna16_row), imported on the first call (they import triton)."""
     try:
-        from lamina.kernels import wna16_gemm, wna16_gemv, wna16_mma
+        from lamina.kernels import wna16_gemm, wna16_gemv, wna16_mma, wna16_row
     except ImportError:  # no triton: the reference path
         return None
-    return wna16_gemv, wna16_mma, wna16_gemm
+    return wna16_gemv, wna16_mma, wna16_gemm, wna16_row
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""lamina.quant.wna16.kernel_for: which quantized layers take the Triton GEMV / GEMM, and that a layer computes
+"""lamina.quant.wna16.kernel_for: which quantized layers take the Triton GEMVs / GEMM, and that a layer computes
 the same through them as through its reference path (dispatch.on_kernel_device is patched so that CPU tensors
 route as CUDA ones would; the kernels run under the interpreter)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("triton")
 
 from lamina.config import KernelChoice  # noqa: E402
-from lamina.kernels import wna16_gemm, wna16_gemv, wna16_mma  # noqa: E402
+from lamina.kernels import wna16_gemm, wna16_gemv, wna16_mma, wna16_row  # noqa: E402
 from lamina.layers import dispatch  # noqa: E402
 from lamina.layers.linear import MergedColumnParallelLinear  # noqa: E402
 from lamina.quant.config import WeightQuantArgs  # noqa: E402
@@ -21,12 +21,12 @@ pytestmark = pytest.mark.usefixtures("bf16_round_to_nearest")
 IN, OUT = (64, [24, 13])  # a fused layer of two shards, 37 rows in all
 
 
-def _layer(args: WeightQuantArgs, kernels: KernelChoice = KernelChoice(), seed: int = 0
-           ) -> MergedColumnParallelLinear:
-    """A gate_up-like layer in bf16 with random integers, scales, zero points and bias."""
+def _layer(args: WeightQuantArgs, kernels: KernelChoice = KernelChoice(), seed: int = 0,
+           dtype: torch.dtype = torch.bfloat16) -> MergedColumnParallelLinear:
+    """A gate_up-like layer in `dtype` with random integers, scales, zero points and bias."""
     g = torch.Generator().manual_seed(seed)
     layer = MergedColumnParallelLinear(IN, OUT, bias=True, quant_method=WNA16LinearMethod(args),
-                                       kernels=kernels).to(torch.bfloat16)
+                                       kernels=kernels).to(dtype)
     rows, groups = sum(OUT), args.num_groups(IN)
     lo, hi = -(1 << (args.num_bits - 1)), (1 << (args.num_bits - 1)) - 1
     q = torch.randint(lo, hi + 1, (rows, IN), generator=g).to(torch.int8)
@@ -48,7 +48,8 @@ def kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     """CPU tensors route as CUDA ones; records (kernel, rows) of every quantized kernel call."""
     calls: list[tuple[str, int]] = []
     monkeypatch.setattr(dispatch, "on_kernel_device", lambda x: True)
-    for module, name in ((wna16_gemv, "wna16_gemv"), (wna16_mma, "wna16_mma"), (wna16_gemm, "wna16_matmul")):
+    for module, name in ((wna16_row, "wna16_row_gemv"), (wna16_gemv, "wna16_gemv"), (wna16_mma, "wna16_mma"),
+                         (wna16_gemm, "wna16_matmul")):
         def counting(x: torch.Tensor, *a, _f=getattr(module, name), _n=name, **kw) -> torch.Tensor:
             calls.append((_n, x.shape[0]))
             return _f(x, *a, **kw)
@@ -71,12 +72,24 @@ def test_layer_routes_rows_and_matches_the_reference(args: WeightQuantArgs,
         out = layer(x)
         assert out.shape == (*shape[:-1], sum(OUT))
         assert_matches(out.reshape(-1, sum(OUT)), expected.reshape(-1, sum(OUT)))
-    assert kernel_calls == [("wna16_gemv", 1), ("wna16_mma", 4), ("wna16_mma", 2), ("wna16_mma", 3), ("wna16_mma", 16),
-                            ("wna16_matmul", 21)]
+    assert kernel_calls == [("wna16_row_gemv", 1), ("wna16_mma", 4), ("wna16_mma", 2), ("wna16_mma", 3),
+                            ("wna16_mma", 16), ("wna16_matmul", 21)]
+
+
+@pytest.mark.parametrize("args", ARGS[:2], ids=lambda a: f"int{a.num_bits}-{a.strategy}")
+def test_fp16_rows_take_the_fp16_kernels(args: WeightQuantArgs, kernel_calls: list[tuple[str, int]]) -> None:
+    """wna16_row reads bf16 x only: one fp16 row takes wna16_gemv, 3 rows the MMA kernel as in bf16."""
+    layer = _layer(args, dtype=torch.float16)
+    for rows in (1, 3):
+        x = torch.randn(rows, IN, generator=torch.Generator().manual_seed(rows)).to(torch.float16)
+        expected = torch.nn.functional.linear(x, layer.quant_method.dequantized_weight(layer), layer.bias)
+        assert_matches(layer(x), expected)
+    assert kernel_calls == [("wna16_gemv", 1), ("wna16_mma", 3)]
 
 
 def test_groups_the_mma_kernel_does_not_take_run_the_gemv(kernel_calls: list[tuple[str, int]]) -> None:
-    """A group of 8 values (one int4 word) is no multiple of 16: 2..4 rows take the GEMV, more the GEMM."""
+    """A group of 8 values (one int4 word) is no multiple of 16 (nor of wna16_row's 32): 1..4 rows take the GEMV,
+    more the GEMM."""
     args = WeightQuantArgs(4, False, "group", 8)
     layer = _layer(args)
     for rows in (1, 3, 5):

@@ -1,0 +1,343 @@
+"""W4A16 / W8A16 GEMV for one row of bf16 x (decode): out = x @ dequantize(words, scale, zero_point).T (+ bias).
+
+    x            [1, K]            bf16, last stride 1; read as int32 pairs of bf16 (x[2i] in bits 0..15,
+                                   x[2i + 1] in bits 16..31)
+    words        int32 [N, KW]     the checkpoint's pack-quantized words as stored (lamina/quant/packing.py):
+                                   32 / BITS values per word along K, value j in bits [j * BITS, (j + 1) * BITS),
+                                   stored unsigned (u = q + OFFSET); or a naive int8 weight [N, K] viewed as int32
+                                   (`xor=NAIVE_INT8_XOR`)
+    scale        bf16 [N, groups]  zero_point int8 [N, groups] or None (symmetric);  bias bf16 [N] or None
+    out          bf16 [1, N]       fp32 inside, one rounding at the end (after the bias)
+
+A program owns BLOCK_N rows and walks K in tiles of BLOCK_KW words. Each row is its own 1-D tensor over the
+tile's words (rows unrolled with tuples), so the weight tiles, x's tile and the scale / zero-point loads share
+one register layout: thread t owns words 4t..4t+3 of every row (a 16-byte load per row) and x's values for
+them (16-byte loads, converted once for all BLOCK_N rows). No layout conversion, no shared memory, no division
+in the K loop; one lane reduction per row at the end (1-warp programs: shuffles only).
+
+int4 unpacks two nibbles per LOP3 ("pair" trick; 128.0's bits and 65536 are kernel arguments, so they sit in
+registers: one LOP3, and the shift-add is an IMAD on the FMA pipe):
+
+    t  = ((w >> 4j) & 0x000F000F) | 0x43000000      float bits = 128 + u[j+4] + u[j] * 2^-16
+    t2 = t * 65536 + 0x43000000                     float bits = 128 + u[j]   (exact)
+
+then one FFMA per weight (t's u[j] * 2^-16 leak is ~1e-5 of an output; a bf16 ulp is 4e-3). int8: a byte into
+bits 8..15 of 32768.0 reads as 32768 + u. Per 4-word chunk (inside one quantization group) and row:
+
+    acc += s * (sum_k (BASE + u[k]) x[k] - (BASE + OFFSET + z) * sum_k x[k])        BASE 128 / 32768
+
+sm_90 SASS (ahead of time, scripts/wna16_gemv_variants.py --sass): 24-27 instructions per int4 word, 15.5 per
+int8 word, against ~54 for lamina.kernels.wna16_gemv (which converts x's layout through shared memory).
+
+Split K (grid (cdiv(N, BLOCK_N), split), split a runtime argument: one compile for every count > 1): program
+(i, j) walks the j-th of `split` runs of whole tiles (a run past K adds zeros) and writes fp32 partials to a
+workspace [split, N]; an int32 counter per row block counts arrivals (acq_rel atomic), and the last program of
+the block adds the partials in split order (deterministic) with the bias, stores the output and re-zeroes the
+counter. One launch, no host sync: capturable in a CUDA graph. The workspace is cached per (device, N, split,
+blocks) and must be allocated outside graph capture: lamina runs every step eagerly before capturing it
+(lamina.graphs.capture), which allocates it; a missing one inside a capture raises. One stream at a time per
+workspace (the layers of a model run one after another). Importing this module imports triton
+(lamina.quant.wna16 imports it lazily, on the first CUDA call).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from lamina.kernels.wna16_gemv import CHANNEL_GROUP, INTERPRETER_SMS, check_inputs, num_sms
+
+MAGIC4 = 0x43000000  # float32 128.0: a nibble at bits 16..19 reads as 128 + u
+MAGIC8 = 0x47000000  # float32 32768.0: a byte at bits 8..15 reads as 32768 + u
+CHUNK_WORDS = 4  # words per thread and row per load (16 bytes): a chunk lies inside one quantization group
+PROGRAMS_PER_SM = 10  # split K until about this many programs per SM ...
+MIN_SPLIT_TILES = 2  # ... each split walking at least this many tiles
+
+
+def takes(x_dtype: torch.dtype, rows: int, k: int, num_bits: int, group_size: int | None) -> bool:
+    """Whether wna16_row_gemv takes these operands: bf16 x of one row, K a whole number of words, and the group
+    size (None: per channel) a multiple of one chunk's values (32 at 4 bits, 16 at 8)."""
+    if x_dtype != torch.bfloat16 or rows != 1 or num_bits not in (4, 8):
+        return False
+    per_word = 32 // num_bits
+    return k > 0 and k % per_word == 0 and (group_size is None or group_size % (CHUNK_WORDS * per_word) == 0)
+
+
+@dataclass(frozen=True)
+class WNA16RowConfig:
+    block_n: int  # rows per program (power of two)
+    num_warps: int = 1
+    block_kw: int = 128  # words per tile (power of two >= 4); 128 * num_warps: one 16-byte load per thread and row
+    split: int = 1  # programs along K (clamped to the tiles; runtime argument: no recompile)
+    prefetch: bool = True  # load the next weight tile into registers before using this one
+
+    def __post_init__(self) -> None:
+        for name in ("block_n", "num_warps", "block_kw"):
+            value = getattr(self, name)
+            assert value >= 1 and value & (value - 1) == 0, f"{name} must be a power of two, got {value}"
+        assert self.block_kw >= CHUNK_WORDS and self.split >= 1, f"bad config {self}"
+
+    @property
+    def name(self) -> str:
+        return f"n{self.block_n}-w{self.num_warps}-kw{self.block_kw}-s{self.split}{'-pf' if self.prefetch else ''}"
+
+
+@functools.lru_cache(maxsize=None)
+def default_config(n: int, k: int, num_bits: int, sms: int = INTERPRETER_SMS) -> WNA16RowConfig:
+    """4 rows, 1 warp, 128-word tiles, prefetch; K split until PROGRAMS_PER_SM programs per SM, each split at
+    least MIN_SPLIT_TILES tiles. The measured best family on the H200 (Llama-3-8B shapes, int4 g128 and int8 per
+    channel: benchmarks/results/2026-12-02-h200-gemv-variants.json, n4-w1-kw128): 132 SMs give split 1 for
+    qkv, gate_up and the LM head, 2 for o_proj and down (int4 o_proj's 4 tiles too: MIN_SPLIT_TILES 2)."""
+    cfg = WNA16RowConfig(4)
+    blocks = triton.cdiv(n, cfg.block_n)
+    tiles = triton.cdiv(k // (32 // num_bits), cfg.block_kw)
+    split = max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, blocks), tiles // MIN_SPLIT_TILES))
+    return WNA16RowConfig(cfg.block_n, cfg.num_warps, cfg.block_kw, split, cfg.prefetch)
+
+
+_WORKSPACES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def workspace(device: torch.device, n: int, split: int, blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 partials [split, n] and int32 counters [blocks], zeroed once (the kernel leaves them zeroed); cached
+    per (device, n, split, blocks). Allocated outside CUDA graph capture (the module docstring)."""
+    key = (device.type, device.index, n, split, blocks)
+    if key not in _WORKSPACES:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"wna16_row_gemv: no split-K workspace for {key} during CUDA graph capture; "
+                               "run the step once eagerly before capturing it")
+        _WORKSPACES[key] = (torch.empty((split, n), dtype=torch.float32, device=device),
+                            torch.zeros((blocks,), dtype=torch.int32, device=device))
+    return _WORKSPACES[key]
+
+
+@triton.jit
+def _i2f(v):
+    """float(v) for integers |v| < 2^22: one IADD and one FADD (I2F issues at a quarter of the FP32 rate)."""
+    return (v + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
+
+
+@triton.jit
+def _lo(p):
+    """The low bf16 of an int32 bf16 pair, as float32: one op."""
+    return (p << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _hi(p):
+    """The high bf16 of an int32 bf16 pair, as float32: one op."""
+    return (p & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _unzip(t, A: tl.constexpr, B: tl.constexpr):
+    """Tuple of [A, 2B] tensors -> tuple of twice as many [A, B]: every even column block, then every odd one.
+    After k calls on (v,), v [A, 2^k], item i is v[:, i]; register-only when a row's 2^k values sit in one thread."""
+    evens = ()
+    odds = ()
+    for i in tl.static_range(len(t)):
+        if B == 1:
+            e, o = tl.split(t[i])
+        else:
+            e, o = tl.split(tl.reshape(t[i], (A, B, 2)))
+        evens = evens + (e,)
+        odds = odds + (o,)
+    return evens + odds
+
+
+@triton.jit
+def _columns4(v, A: tl.constexpr):
+    """[A, 4] -> its 4 columns [A] as a tuple."""
+    return _unzip(_unzip((v,), A, 2), A, 1)
+
+
+@triton.jit
+def _int4_word(acc, w, p0, p1, p2, p3, magic, m16):
+    """acc + sum_j (128 + u_j) x_j over the 8 nibbles u_j of each word w (x_0..x_7 in the bf16 pairs p0..p3):
+    3 SHF, 4 LOP3 (mask | magic), 4 IMAD (m16 = 65536 in a register: not a LEA), 8 FFMA."""
+    t = (w & 0x000F000F) | magic
+    acc += t.to(tl.float32, bitcast=True) * _lo(p2)
+    acc += (t * m16 + magic).to(tl.float32, bitcast=True) * _lo(p0)
+    t = ((w >> 4) & 0x000F000F) | magic
+    acc += t.to(tl.float32, bitcast=True) * _hi(p2)
+    acc += (t * m16 + magic).to(tl.float32, bitcast=True) * _hi(p0)
+    t = ((w >> 8) & 0x000F000F) | magic
+    acc += t.to(tl.float32, bitcast=True) * _lo(p3)
+    acc += (t * m16 + magic).to(tl.float32, bitcast=True) * _lo(p1)
+    t = ((w >> 12) & 0x000F000F) | magic
+    acc += t.to(tl.float32, bitcast=True) * _hi(p3)
+    acc += (t * m16 + magic).to(tl.float32, bitcast=True) * _hi(p1)
+    return acc
+
+
+@triton.jit
+def _int8_word(acc, w, p0, p1, magic8):
+    """acc + sum_j (32768 + u_j) x_j over the 4 bytes u_j of each word (x_0..x_3 in the bf16 pairs p0, p1)."""
+    acc += (((w << 8) & 0xFF00) | magic8).to(tl.float32, bitcast=True) * _lo(p0)
+    acc += ((w & 0xFF00) | magic8).to(tl.float32, bitcast=True) * _hi(p0)
+    acc += (((w >> 8) & 0xFF00) | magic8).to(tl.float32, bitcast=True) * _lo(p1)
+    acc += (((w >> 16) & 0xFF00) | magic8).to(tl.float32, bitcast=True) * _hi(p1)
+    return acc
+
+
+@triton.jit
+def _load_tiles(w_ptr, rptr, stride_wn, kw0, cols, limit, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+                SCALAR_MASK: tl.constexpr):
+    """The tile's words of each of the BLOCK_N rows (a tuple); words at or past `limit` read 0 when MASKED."""
+    tiles = ()
+    for r in tl.static_range(BLOCK_N):
+        ptrs = w_ptr + rptr[r] * stride_wn + kw0 + cols
+        if not MASKED:
+            w = tl.load(ptrs, eviction_policy="evict_first")
+        elif SCALAR_MASK:  # whole tiles: one predicate, the 16-byte loads stay vectorised
+            w = tl.load(ptrs, mask=(kw0 < limit) & (cols >= 0), other=0, eviction_policy="evict_first")
+        else:
+            w = tl.load(ptrs, mask=kw0 + cols < limit, other=0, eviction_policy="evict_first")
+        tiles = tiles + (w,)
+    return tiles
+
+
+@triton.jit
+def _finish(tot, rows, row_mask, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, split, block, HAS_BIAS: tl.constexpr,
+            IS_SPLIT: tl.constexpr):
+    """Store fp32 row sums `tot` (+ bias) as out's dtype. Split K: partials to ws[split index, N]; the last
+    program of the row block to arrive adds them in split order, adds the bias, stores, resets the counter."""
+    if not IS_SPLIT:
+        if HAS_BIAS:
+            tot += tl.load(b_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + rows, tot.to(out_ptr.dtype.element_ty), mask=row_mask)
+    else:
+        tl.store(ws_ptr + tl.program_id(1) * N + rows, tot, mask=row_mask)
+        tl.debug_barrier()  # every thread's partials written before the release below
+        done = tl.atomic_add(cnt_ptr + block, 1, sem="acq_rel")
+        if done == split - 1:
+            total = tl.zeros_like(tot)
+            for sp in range(split):
+                total += tl.load(ws_ptr + sp * N + rows, mask=row_mask, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                total += tl.load(b_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
+            tl.store(out_ptr + rows, total.to(out_ptr.dtype.element_ty), mask=row_mask)
+            tl.store(cnt_ptr + block, 0)
+
+
+@triton.jit(do_not_specialize=["split"])  # one compile for every split count > 1
+def _wna16_row_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, KW, split,
+                      stride_wn, stride_sn, stride_zn, magic, m16,
+                      BITS: tl.constexpr, XOR: tl.constexpr, GROUP_KW: tl.constexpr, HAS_ZERO: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
+                      IS_SPLIT: tl.constexpr, PREFETCH: tl.constexpr):
+    """x_ptr: x as int32 bf16 pairs [K / 2]; GROUP_KW: words per quantization group (a multiple of 4). Rows past
+    N are clamped for the loads, masked at the store; K tiles are masked only when BLOCK_KW does not divide KW."""
+    C: tl.constexpr = BLOCK_KW // 4  # 4-word chunks per tile
+    PAIRS: tl.constexpr = 16 // BITS  # int32 pairs of x per word: 4 (int4) or 2 (int8)
+    ZB: tl.constexpr = 136 if BITS == 4 else 32896  # BASE + OFFSET: 128 + 8 or 32768 + 128
+    block = tl.program_id(0)
+    row0 = block * BLOCK_N
+    cols = tl.arange(0, BLOCK_KW)
+    offs_c = tl.arange(0, C)
+    x_offs = offs_c[:, None] * (4 * PAIRS) + tl.arange(0, 4)[None, :]  # 16 bytes of x per load and thread
+    accs = ()
+    rptr = ()
+    for r in tl.static_range(BLOCK_N):
+        accs = accs + (tl.zeros([C], dtype=tl.float32),)
+        rptr = rptr + (tl.minimum(row0 + r, N - 1).to(tl.int64),)
+    kw_len = tl.cdiv(tl.cdiv(KW, BLOCK_KW), split) * BLOCK_KW
+    kw_lo = tl.program_id(1) * kw_len
+    kw_hi = tl.minimum(KW, kw_lo + kw_len)
+    if PREFETCH:
+        cur = _load_tiles(w_ptr, rptr, stride_wn, kw_lo, cols, kw_hi, BLOCK_N, True, EVEN_K)
+    for kw0 in range(kw_lo, kw_hi, BLOCK_KW):
+        if PREFETCH:
+            tiles = cur
+            cur = _load_tiles(w_ptr, rptr, stride_wn, kw0 + BLOCK_KW, cols, kw_hi, BLOCK_N, True, EVEN_K)
+        else:
+            tiles = _load_tiles(w_ptr, rptr, stride_wn, kw0, cols, KW, BLOCK_N, not EVEN_K, False)
+        xb = x_ptr + kw0 * PAIRS + x_offs
+        xq = ()  # item q: pair q of the chunk's 4 words (q = PAIRS * word + pair)
+        for i in tl.static_range(PAIRS):
+            if EVEN_K:
+                xp = tl.load(xb + 4 * i)
+            else:
+                xp = tl.load(xb + 4 * i, mask=(kw0 + offs_c * 4 + (4 * i) // PAIRS)[:, None]
+                             + tl.arange(0, 4)[None, :] // PAIRS < KW, other=0)
+            xq = xq + _columns4(xp, C)
+        xs = tl.zeros([C], dtype=tl.float32)
+        for q in tl.static_range(4 * PAIRS):
+            xs += _lo(xq[q]) + _hi(xq[q])
+        g = (kw0 + offs_c * 4) // GROUP_KW
+        gmask = kw0 + offs_c * 4 < KW
+        new = ()
+        for r in tl.static_range(BLOCK_N):
+            w = tiles[r]
+            if XOR != 0:
+                w = w ^ XOR
+            wq = _columns4(tl.reshape(w, (C, 4)), C)
+            part = tl.zeros([C], dtype=tl.float32)
+            for v in tl.static_range(4):
+                if BITS == 4:
+                    part = _int4_word(part, wq[v], xq[4 * v], xq[4 * v + 1], xq[4 * v + 2], xq[4 * v + 3], magic, m16)
+                else:
+                    part = _int8_word(part, wq[v], xq[2 * v], xq[2 * v + 1], magic)
+            if EVEN_K:
+                s = tl.load(s_ptr + rptr[r] * stride_sn + g).to(tl.float32)
+            else:
+                s = tl.load(s_ptr + rptr[r] * stride_sn + g, mask=gmask, other=0.0).to(tl.float32)
+            if HAS_ZERO:
+                if EVEN_K:
+                    z = tl.load(z_ptr + rptr[r] * stride_zn + g)
+                else:
+                    z = tl.load(z_ptr + rptr[r] * stride_zn + g, mask=gmask, other=0)
+                new = new + (accs[r] + s * (part - _i2f(z.to(tl.int32) + ZB) * xs),)
+            else:
+                new = new + (accs[r] + s * (part - ZB * xs),)
+        accs = new
+    ro = tl.arange(0, BLOCK_N)
+    tot = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for r in tl.static_range(BLOCK_N):
+        tot = tl.where(ro == r, tl.sum(accs[r], axis=0), tot)
+    rows = row0 + ro
+    _finish(tot, rows, rows < N, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, split, block, HAS_BIAS, IS_SPLIT)
+
+
+def group_words(num_bits: int, group_size: int | None) -> int:
+    """Words per quantization group (CHANNEL_GROUP: per channel); a multiple of CHUNK_WORDS (asserted)."""
+    if group_size is None:
+        return CHANNEL_GROUP
+    per_word = 32 // num_bits
+    assert group_size % (CHUNK_WORDS * per_word) == 0, \
+        f"group size {group_size} must be a multiple of {CHUNK_WORDS * per_word} at {num_bits} bits"
+    return group_size // per_word
+
+
+def wna16_row_gemv(x: torch.Tensor, words: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None,
+                   bias: torch.Tensor | None, num_bits: int, group_size: int | None, xor: int = 0,
+                   config: WNA16RowConfig | None = None) -> torch.Tensor:
+    """x [1, K] bf16 @ dequantize(words, scale, zero_point).T (+ bias) -> [1, N] bf16 (`takes` says which
+    operands). group_size None: strategy "channel" (scale [N, 1])."""
+    check_inputs(x, words, scale, zero_point, bias, num_bits)
+    assert x.dtype == torch.bfloat16 and x.shape[0] == 1, f"wna16_row_gemv takes one bf16 row, got {x.dtype} " \
+        f"{tuple(x.shape)}"
+    (_, k), (n, kw) = x.shape, words.shape
+    assert takes(x.dtype, 1, k, num_bits, group_size), \
+        f"wna16_row_gemv takes whole words of K and groups of whole 4-word chunks, got K {k}, group {group_size}"
+    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    if n == 0:
+        return out
+    cfg = config or default_config(n, k, num_bits, num_sms(x.device))
+    row = x[0]
+    if row.data_ptr() % 4:  # read as int32 pairs: needs 4-byte alignment (a view at an odd element offset)
+        row = row.clone()
+    blocks = triton.cdiv(n, cfg.block_n)
+    split = min(cfg.split, triton.cdiv(kw, cfg.block_kw))
+    ws, cnt = workspace(x.device, n, split, blocks) if split > 1 else (out, out)  # never read unsplit
+    z = scale if zero_point is None else zero_point  # never read without HAS_ZERO
+    _wna16_row_kernel[(blocks, split)](
+        row.view(torch.int32), words, scale, z, out if bias is None else bias, out, ws, cnt, n, kw, split,
+        words.stride(0), scale.stride(0), z.stride(0), MAGIC4 if num_bits == 4 else MAGIC8, 65536,
+        BITS=num_bits, XOR=xor, GROUP_KW=group_words(num_bits, group_size), HAS_ZERO=zero_point is not None,
+        HAS_BIAS=bias is not None, EVEN_K=kw % cfg.block_kw == 0, BLOCK_N=cfg.block_n, BLOCK_KW=cfg.block_kw,
+        IS_SPLIT=split > 1, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, num_stages=1)
+    return out
