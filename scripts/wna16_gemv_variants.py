@@ -44,27 +44,18 @@ if "--tiny" in sys.argv:
     import tests.kernels.conftest  # noqa: F401 - TRITON_INTERPRET=1 (+ interpreter fixes) before triton
 
 import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
 from lamina.kernels.wna16_row import WNA16RowConfig, wna16_row_gemv  # noqa: E402
 
 
 def _interpreter_round_to_nearest() -> None:
     """The interpreter truncates float32 -> bf16 casts (the GPU rounds to nearest even): round like the GPU, so
-    --tiny checks the kernels to the tolerance the GPU run uses (tests/kernels/conftest.py's fixture, as code)."""
-    import numpy as np
+    --tiny checks the kernels to the tolerance the GPU run uses (tests/kernels/conftest.py's fixture)."""
     from triton.runtime import interpreter
 
-    original = interpreter.InterpreterBuilder.cast_impl
+    from tests.kernels.conftest import rounding_cast_impl
 
-    def cast_impl(self, src, dst_type):  # noqa: ANN001, ANN202 - interpreter internals
-        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
-            data = torch.from_numpy(np.ascontiguousarray(src.data, dtype=np.float32))
-            bits = data.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
-            return interpreter.TensorHandle(bits, tl.bfloat16)
-        return original(self, src, dst_type)
-
-    interpreter.InterpreterBuilder.cast_impl = cast_impl
+    interpreter.InterpreterBuilder.cast_impl = rounding_cast_impl(interpreter.InterpreterBuilder.cast_impl)
 
 
 if "--tiny" in sys.argv:

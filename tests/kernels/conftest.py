@@ -63,16 +63,13 @@ _fix_interpreter_scalar_index()
 _fix_interpreter_bf16_dot()
 
 
-@pytest.fixture
-def bf16_round_to_nearest(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The interpreter truncates float32 -> bfloat16 casts, where the GPU (cvt.rn) and PyTorch round to
-    nearest even: make it round like the GPU, so bf16 kernel results can be compared tightly."""
+def rounding_cast_impl(original):  # noqa: ANN001, ANN201 - interpreter internals
+    """The interpreter's cast_impl, but float32 -> bfloat16 rounds to nearest even (the interpreter truncates,
+    where the GPU (cvt.rn) and PyTorch round): bf16 kernel results can then be compared tightly."""
     import numpy as np
     import torch
     import triton.language as tl
     from triton.runtime import interpreter
-
-    original = interpreter.InterpreterBuilder.cast_impl
 
     def cast_impl(self, src, dst_type):  # noqa: ANN001, ANN202 - interpreter internals
         if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
@@ -81,7 +78,16 @@ def bf16_round_to_nearest(monkeypatch: pytest.MonkeyPatch) -> None:
             return interpreter.TensorHandle(bits, tl.bfloat16)
         return original(self, src, dst_type)
 
-    monkeypatch.setattr(interpreter.InterpreterBuilder, "cast_impl", cast_impl)
+    return cast_impl
+
+
+@pytest.fixture
+def bf16_round_to_nearest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """float32 -> bfloat16 casts in the interpreter round like the GPU's (rounding_cast_impl)."""
+    from triton.runtime import interpreter
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "cast_impl",
+                        rounding_cast_impl(interpreter.InterpreterBuilder.cast_impl))
 
 
 @pytest.fixture
