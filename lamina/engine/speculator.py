@@ -31,7 +31,7 @@ MAX_REST = 32  # steps: the longest pause of the policy's decisions while specul
 MATCH_MAX_REST = 2
 # ... unless deciding costs more: consecutive steps without a match worth drafting pause longer, up to as many steps
 # as keep the host time of the decisions that let nobody draft under this share of the steps' time (a decision for
-# 128 requests costs ~0.6 ms on a 2-core host, a step of the demo model 2.1 ms on the H200: pauses of up to 2 made
+# 128 requests costs ~0.6 ms on the H200's host, a step of the demo model ~2.1 ms there: pauses of up to 2 made
 # the default 0.71x at batch 32 and 0.65x at 256, pauses for a 5 % share 0.85-0.89x at 32-256)
 DECISION_BUDGET = 0.02
 HIT_DECAY = 0.9  # the hit rate (decisions that let some request draft) is an EMA over decisions with this decay
