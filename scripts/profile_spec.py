@@ -4,7 +4,7 @@
 
 Batch 1: one long greedy and one T=0.6 generation per engine; a larger batch: the throughput prompts of
 lamina.bench.spec at T=0.6. Each under cProfile; prints each engine's step times by kind (from the engine's step
-log), the host time of its speculator's decisions (Speculator.after_tokens, timed around the call) and the
+log), the host time of its speculator's decisions (SpecDecodeStats.draft_seconds over policy_steps) and the
 functions with the most own time.
 """
 from __future__ import annotations
@@ -28,31 +28,14 @@ def prompts_for(batch_size: int) -> list[str]:
     return list(itertools.islice(itertools.cycle(everything), batch_size))
 
 
-def timed_decisions(llm: LLM) -> list[float]:
-    """Wrap the engine's Speculator.after_tokens: the list fills with the seconds of each call that decided."""
-    speculator, seconds = llm.engine.speculator, []
-    if speculator is None:
-        return seconds
-    after_tokens = speculator.after_tokens
-
-    def timed(*args, **kwargs) -> None:  # noqa: ANN002, ANN003
-        before, start = speculator.stats.draft_seconds, time.perf_counter()
-        after_tokens(*args, **kwargs)
-        if speculator.stats.draft_seconds > before:  # it proposed (not a step of a pause)
-            seconds.append(time.perf_counter() - start)
-
-    speculator.after_tokens = timed
-    return seconds
-
-
 def profile(label: str, spec: dict | None, args: argparse.Namespace) -> None:
     llm = LLM(model=args.model, speculative_config=spec, gpu_memory_utilization=0.3)
     prompts = prompts_for(args.batch_size)
     llm.generate(prompts, SamplingParams(max_tokens=16), use_tqdm=False)
-    decisions = timed_decisions(llm)
     for temperature in (0.0, 0.6) if args.batch_size == 1 else (0.6,):
         params = SamplingParams(temperature=temperature, max_tokens=args.new_tokens, ignore_eos=True, seed=0)
-        llm.engine.step_log, decisions[:] = [], []
+        llm.engine.step_log = []
+        before = llm.engine.get_stats().snapshot().spec
         profiler = cProfile.Profile()
         start = time.perf_counter()
         profiler.enable()
@@ -66,10 +49,12 @@ def profile(label: str, spec: dict | None, args: argparse.Namespace) -> None:
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
         print(f"== {label} batch {args.batch_size} T={temperature}: {tokens / seconds:.0f} tok/s (under cProfile); "
               f"{steps}")
-        if decisions:
-            ordered = sorted(1000 * s for s in decisions)
-            print(f"   decisions: {len(ordered)}, ms min {ordered[0]:.3f} median {ordered[len(ordered) // 2]:.3f} "
-                  f"max {ordered[-1]:.3f} total {sum(ordered):.1f}")
+        after = llm.engine.get_stats().snapshot().spec
+        if spec is not None:
+            decided = after.policy_steps - before.policy_steps
+            drafting_ms = 1000 * (after.draft_seconds - before.draft_seconds)
+            print(f"   decisions with a request that could draft: {decided}, drafting host time {drafting_ms:.1f} ms "
+                  f"({drafting_ms / max(decided, 1):.3f} ms each)")
         pstats.Stats(profiler).sort_stats("tottime").print_stats(args.top)
     llm.engine.executor.shutdown()
 

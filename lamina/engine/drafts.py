@@ -26,13 +26,12 @@ def max_drafts(request: Request, k: int, max_model_len: int, ahead: int = 0) -> 
     before the drafts (1 when a worker-side proposer is asked before the step whose token they follow); with
     ahead = 0, none while the request is mid-prompt."""
     params = request.sampling_params
-    num_tokens, num_outputs = len(request.all_token_ids), len(request.output_token_ids)
-    if (params.has_penalties or num_outputs + ahead < params.min_tokens
-            or (not ahead and request.num_computed_tokens != num_tokens - 1)):
+    if (params.has_penalties or request.num_output_tokens + ahead < params.min_tokens
+            or (not ahead and request.num_computed_tokens != request.num_tokens - 1)):
         return 0
-    room = max_model_len - num_tokens - 1 - ahead
+    room = max_model_len - request.num_tokens - 1 - ahead
     if params.max_tokens is not None:
-        room = min(room, params.max_tokens - num_outputs - 1 - ahead)
+        room = min(room, params.max_tokens - request.num_output_tokens - 1 - ahead)
     return max(0, min(k, room))
 
 
