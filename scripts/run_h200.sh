@@ -30,6 +30,11 @@
 #         quant-engine   lamina.bench.quant_speed --skip-kernels (8B-shape decode, batch 1 and 8: bf16, int4, int8)
 #         mma-sweep      scripts/wna16_mma_sweep.py (tensor-core W4A16 / W8A16 vs GEMV, dequantize + cuBLAS, bf16)
 #         spec-decision  lamina.bench.spec_decision (host time of one n-gram decision at 1 .. 256 requests)
+#         spec-gate      lamina.bench.spec: n-gram (default, k fixed) vs off, batch 1 sets, batch 1 .. 256 and the
+#                        closed loop at concurrency 8 .. 256 (the gate's rows, issue #12)
+#         spec-gate-models  the same rows for the draft model and EAGLE (no prompt sets)
+#         spec-gate-trace   scripts/trace_spec_gate.py (the gate's windows in the closed loop at 8 .. 256)
+#         spec-gate-batch   the gate's throughput and closed-loop rows only, 5 repeats
 #         eagle-train    the demo EAGLE head trained on the H200 (scripts/demo_model/eagle_device.sh) into
 #                        $OUT/demo-eagle-gpu, copied over lamina/assets/demo-eagle when it beats the shipped one
 set -u
@@ -99,6 +104,17 @@ for step in "$@"; do
                         --new-tokens 256 --batch-sizes 1,8,32,128,256 --result-file "$OUT/spec-batch.json" ;;
         spec-final) run spec-final python -m lamina.bench.spec --methods ngram,ngram-fixed --new-tokens 256 \
                         --batch-sizes 1,8,32,128,256 --repeats 3 --result-file "$OUT/spec-final.json" ;;
+        spec-gate) run spec-gate python -m lamina.bench.spec --methods ngram,ngram-fixed --new-tokens 256 \
+                       --batch-sizes 1,8,32,128,256 --concurrency 8,32,128,256 --repeats 3 \
+                       --result-file "$OUT/spec-gate.json" ;;
+        spec-gate-models) run spec-gate-models python -m lamina.bench.spec --methods draft_model,eagle \
+                              --prompt-sets "" --new-tokens 256 --batch-sizes 1,8,32 --concurrency 8,32 --repeats 3 \
+                              --result-file "$OUT/spec-gate-models.json" ;;
+        spec-gate-batch) run spec-gate-batch python -m lamina.bench.spec --methods ngram,ngram-fixed --prompt-sets "" \
+                             --new-tokens 256 --batch-sizes 1,8,32,128,256 --concurrency 8,32,128,256 --repeats 5 \
+                             --result-file "$OUT/spec-gate-batch.json" ;;
+        spec-gate-trace) run spec-gate-trace env PYTHONPATH=. python scripts/trace_spec_gate.py \
+                             --result-file "$OUT/spec-gate-trace.json" ;;
         quant-engine) run quant-engine python -m lamina.bench.quant_speed --skip-kernels ;;
         mma-sweep) run mma-sweep env PYTHONPATH=. python scripts/wna16_mma_sweep.py ;;
         spec-decision) run spec-decision python -m lamina.bench.spec_decision --result-file "$OUT/spec-decision.json" ;;

@@ -1,24 +1,31 @@
 """Speculative decoding: each method against none, in one process, on CPU or GPU (issue #12).
 
     python -m lamina.bench.spec [--model DIR] [--methods ngram,draft_model,medusa,early_exit,eagle] [--k K]
-                                [--new-tokens 128] [--batch-sizes 1,8,32] [--repeats 3] [--result-file out.json]
+                                [--new-tokens 128] [--batch-sizes 1,8,32] [--concurrency 8,32] [--repeats 3]
+                                [--result-file out.json]
 
 Batch 1: three prompt sets kept apart (acceptance depends on the language and the task): Python code to
 complete, chat turns, English prose. Each prompt runs alone, greedy and at temperature 0.6. Throughput: B
-prompts (the sets' prompts in turn) submitted together at temperature 0.6, for each batch size B. All engines
+prompts (the sets' prompts in turn, seeded) submitted together at temperature 0.6, for each batch size B, and waited
+for (the last ones finish with few rows beside them). Concurrency: a closed loop of 3C requests with C in
+flight, output lengths uniform in [new_tokens / 2, 3 new_tokens / 2], measured while the batch is full
+(lamina/bench/concurrency.py): the steady rate at batch size C, as a server under load sees it. All engines
 (off, then each method, with their default arguments) live at once and take turns on every row, `--repeats`
 times; the median is reported (the host's noise moved single batch-1 figures by up to 2x on the H200).
 A progress bar counts every generated token; at the end it prints the tables and writes JSON.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sys
 import time
+from collections.abc import Callable, Sequence
 
 import torch
 
 from lamina import DEMO_DRAFT, DEMO_EAGLE, DEMO_MEDUSA, LLM, SamplingParams
+from lamina.bench.concurrency import closed_loop_requests, steady_throughput
 from lamina.bench.cpu_report import cpu_bench_parser, run_info, write_report
 from lamina.engine.drafts import SpecDecodeStats
 
@@ -39,6 +46,8 @@ PROMPT_SETS = {
 TEMPERATURES = (0.0, 0.6)
 METHODS = ("ngram", "draft_model", "medusa", "early_exit", "eagle")
 FIXED = "-fixed"  # a label suffix: the method with the adaptive policy off
+CLOSED_LOOP_REQUESTS = 3  # a concurrency row's requests, per request in flight
+Workload = Callable[[LLM], tuple[int, float]]  # runs one row on an engine: (tokens, seconds)
 
 
 def spec_config(label: str, k: int | None = None, draft_model: str = DEMO_DRAFT,
@@ -55,13 +64,11 @@ def spec_config(label: str, k: int | None = None, draft_model: str = DEMO_DRAFT,
     return {**config, "adaptive": False} if label.endswith(FIXED) else config
 
 
-def _counted(llm: LLM, run) -> tuple[int, float, SpecDecodeStats, SpecDecodeStats, dict]:  # noqa: ANN001
-    """(tokens, seconds) of `run()`, the engine's spec counters before and after it, and its steps by kind."""
+def _counted(llm: LLM, run: Workload) -> tuple[int, float, SpecDecodeStats, SpecDecodeStats, dict]:
+    """(tokens, seconds) of `run(llm)`, the engine's spec counters before and after it, and its steps by kind."""
     before = llm.engine.get_stats().snapshot().spec
     llm.engine.step_log = []
-    start = time.perf_counter()
-    tokens = run()
-    seconds = time.perf_counter() - start
+    tokens, seconds = run(llm)
     steps, llm.engine.step_log = llm.engine.step_log, None
     return tokens, seconds, before, llm.engine.get_stats().snapshot().spec, _step_fields(steps)
 
@@ -82,40 +89,55 @@ def _spec_fields(before: SpecDecodeStats, after: SpecDecodeStats) -> dict:
     steps = after.num_drafts - before.num_drafts
     return {"acceptance_rate": accepted / drafted if drafted else 0.0,
             "tokens_per_verify_step": 1 + accepted / steps if steps else 0.0,
-            "draft_ms": 1000 * (after.draft_seconds - before.draft_seconds)}
+            "draft_ms": 1000 * (after.draft_seconds - before.draft_seconds),
+            "plain_steps": after.plain_steps - before.plain_steps}
 
 
-def _timed(llm: LLM, batches: list[tuple[list[str], SamplingParams]], bar) -> dict:  # noqa: ANN001
-    """One measurement: each (prompts, params) generated as one batch, in turn; tok/s over all of them."""
-    def run() -> int:
-        tokens = 0
+def _batches(batches: list[tuple[list[str], SamplingParams | list[SamplingParams]]]) -> Workload:
+    """Each (prompts, params) generated as one batch, in turn."""
+    def run(llm: LLM) -> tuple[int, float]:
+        tokens, start = 0, time.perf_counter()
         for prompts, params in batches:
             outs = llm.generate(prompts, params, use_tqdm=False)
             tokens += sum(len(o.outputs[0].token_ids) for o in outs)
-        bar.update(tokens)
-        return tokens
-    tokens, seconds, before, after, steps = _counted(llm, run)
+        return tokens, time.perf_counter() - start
+    return run
+
+
+def _closed_loop(prompts: list[str], concurrency: int, new_tokens: int) -> Workload:
+    requests = closed_loop_requests(prompts, CLOSED_LOOP_REQUESTS * concurrency, new_tokens, temperature=0.6)
+    return lambda llm: steady_throughput(llm.engine, requests, concurrency)
+
+
+def _timed(llm: LLM, workload: Workload, bar) -> dict:  # noqa: ANN001
+    """One measurement of a row: tok/s, the spec counters, the steps by kind."""
+    tokens, seconds, before, after, steps = _counted(llm, workload)
+    bar.update(tokens)
     in_steps = sum(steps["step_ms"][kind] * n for kind, n in steps["steps"].items())
     return {"tok_s": tokens / seconds, **_spec_fields(before, after), **steps,
             "outside_steps_ms": 1000 * seconds - in_steps}
 
 
 def workloads(new_tokens: int, batch_sizes: list[int], prompt_sets: list[str] | None = None,
-              ) -> list[tuple[dict, list[tuple[list[str], SamplingParams]]]]:
-    """(row key, batches) of every row: batch 1 per prompt set (`prompt_sets`, None: all) and temperature (each
-    prompt alone), then throughput per batch size (that many prompts at once, temperature 0.6)."""
+              concurrency: Sequence[int] = ()) -> list[tuple[dict, Workload]]:
+    """(row key, workload) of every row: batch 1 per prompt set (`prompt_sets`, None: all) and temperature (each
+    prompt alone), throughput per batch size (that many prompts at once, temperature 0.6), then the closed loop
+    at each concurrency (temperature 0.6)."""
     rows = []
     for name in PROMPT_SETS if prompt_sets is None else prompt_sets:
         prompts = PROMPT_SETS[name]
         for temperature in TEMPERATURES:
             params = SamplingParams(temperature=temperature, max_tokens=new_tokens, ignore_eos=True, seed=0)
             rows.append(({"section": "batch_one", "prompts": name, "temperature": temperature},
-                         [([p], params) for p in prompts]))
+                         _batches([([p], params) for p in prompts])))
     everything = [p for prompts in PROMPT_SETS.values() for p in prompts]
     for size in batch_sizes:
-        params = SamplingParams(temperature=0.6, max_tokens=new_tokens, ignore_eos=True)
+        # seeded: each engine samples the same text (a seeded request's tokens do not depend on drafts)
+        params = [SamplingParams(temperature=0.6, max_tokens=new_tokens, ignore_eos=True, seed=i) for i in range(size)]
         rows.append(({"section": "throughput", "batch_size": size},
-                     [(list(itertools.islice(itertools.cycle(everything), size)), params)]))
+                     _batches([(list(itertools.islice(itertools.cycle(everything), size)), params)])))
+    for size in concurrency:
+        rows.append(({"section": "concurrency", "concurrency": size}, _closed_loop(everything, size, new_tokens)))
     return rows
 
 
@@ -127,7 +149,8 @@ def _median_row(key: dict, measured: list[dict]) -> dict:
 
 def run(model_dir: str, methods: list[str], k: int | None, new_tokens: int, batch_sizes: list[int], engine_args: dict,
         draft_model: str = DEMO_DRAFT, medusa_model: str = DEMO_MEDUSA, repeats: int = 3,
-        disable_progress: bool = False, prompt_sets: list[str] | None = None) -> dict:
+        disable_progress: bool = False, prompt_sets: list[str] | None = None,
+        concurrency: Sequence[int] = ()) -> dict:
     """Every engine is built first; then each row is measured `repeats` times, the engines taking turns within
     each repeat (so that a slow spell of the host hits them all), and the median is kept."""
     from tqdm.auto import tqdm
@@ -138,26 +161,36 @@ def run(model_dir: str, methods: list[str], k: int | None, new_tokens: int, batc
     warm_up = [p for prompts in PROMPT_SETS.values() for p in prompts]  # every prompt length's kernels
     for llm in engines.values():
         llm.generate(warm_up, SamplingParams(max_tokens=8), use_tqdm=False)
-    rows = workloads(new_tokens, batch_sizes, prompt_sets)
-    batch_one = sum(len(batches) for key, batches in rows if key["section"] == "batch_one")
-    per_engine = (batch_one + sum(batch_sizes)) * new_tokens
+    rows = workloads(new_tokens, batch_sizes, prompt_sets, concurrency)
+    batch_one = len(PROMPT_SETS["code"]) * len(TEMPERATURES) * len(PROMPT_SETS if prompt_sets is None else prompt_sets)
+    per_engine = (batch_one + sum(batch_sizes) + (CLOSED_LOOP_REQUESTS - 1) * sum(concurrency)) * new_tokens
     bar = tqdm(total=repeats * len(labels) * per_engine, desc="spec", unit="tok", disable=disable_progress)
     measured = {label: [[] for _ in rows] for label in labels}
     for _ in range(repeats):
-        for i, (_, batches) in enumerate(rows):
+        for i, (_, workload) in enumerate(rows):
             for label, llm in engines.items():
-                measured[label][i].append(_timed(llm, batches, bar))
+                measured[label][i].append(_timed(llm, workload, bar))
     bar.close()
     results = {}
     for label, llm in engines.items():
         llm.engine.check_integrity()
-        results[label] = {"batch_one": [], "throughput": []}
+        results[label] = {"batch_one": [], "throughput": [], "concurrency": [], "gate": _gate_state(llm)}
         for (key, _), m in zip(rows, measured[label]):
             row = _median_row(key, m)
             results[label][row.pop("section")].append(row)
-    return {"workload": "speculative decoding: batch 1 per prompt set, and throughput by batch size",
+    return {"workload": "speculative decoding: batch 1 per prompt set, throughput by batch size and by concurrency",
             "model": model_dir, "new_tokens": new_tokens, "repeats": repeats, "speculative_configs": configs,
             "engine_args": engine_args, "device": _device_name(), **run_info(), "results": results}
+
+
+def _gate_state(llm: LLM) -> dict:
+    """The speculation gate's state per batch bucket at the end (lamina/engine/spec_gate.py); {} without one."""
+    speculator = llm.engine.speculator
+    gate = speculator.gate if speculator is not None else None
+    if gate is None:
+        return {}
+    return {str(bucket): {**dataclasses.asdict(state), "leader": state.leader.value}
+            for bucket, state in sorted(gate.buckets.items())}
 
 
 def _device_name() -> str:
@@ -174,11 +207,14 @@ def print_tables(report: dict) -> None:
                   f"{row['tok_s'] / base['tok_s']:8.2f}x {row['acceptance_rate']:11.2f} "
                   f"{row['tokens_per_verify_step']:14.2f}  {_kinds(row)}")
     print("throughput: method  batch  tok/s  vs off (paired)  acceptance  ms outside steps (drafting)  ms/step by kind")
-    for label, result in results.items():
-        for row, base in zip(result["throughput"], off["throughput"]):
-            print(f"  {label:12s} {row['batch_size']:5d} {row['tok_s']:10.1f} {row['tok_s'] / base['tok_s']:7.2f}x "
-                  f"({_paired(row, base):.2f}x) {row['acceptance_rate']:11.2f} {row['outside_steps_ms']:9.1f} "
-                  f"({row['draft_ms']:.1f})  {_kinds(row)}")
+    for section, size in (("throughput", "batch_size"), ("concurrency", "concurrency")):
+        for label, result in results.items():
+            for row, base in zip(result.get(section, []), off.get(section, [])):
+                print(f"  {label:12s} {row[size]:5d} {row['tok_s']:10.1f} {row['tok_s'] / base['tok_s']:7.2f}x "
+                      f"({_paired(row, base):.2f}x) {row['acceptance_rate']:11.2f} {row['outside_steps_ms']:9.1f} "
+                      f"({row['draft_ms']:.1f})  {_kinds(row)}")
+        if section == "throughput" and any(result.get("concurrency") for result in results.values()):
+            print("concurrency (closed loop, the batch kept full): method  in flight  tok/s  vs off (paired)  ...")
 
 
 def _paired(row: dict, base: dict) -> float:
@@ -203,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
                              "either with @K: num_speculative_tokens K (ngram@7)")
     parser.add_argument("--k", type=int, default=None, help="num_speculative_tokens (default: each method's own)")
     parser.add_argument("--batch-sizes", default="1,8,32", help="throughput rows (comma-separated)")
+    parser.add_argument("--concurrency", default="8,32",
+                        help="closed-loop rows: requests in flight (comma-separated; empty: none)")
     parser.add_argument("--prompt-sets", default=",".join(PROMPT_SETS),
                         help=f"batch-1 rows: comma-separated, of {', '.join(PROMPT_SETS)} (empty: none)")
     parser.add_argument("--draft-model", default=DEMO_DRAFT, help="the draft_model method's checkpoint")
@@ -222,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     kv_bytes = args.kv_cache_memory_bytes or (4 << 30 if torch.cuda.is_available() else None)
     engine_args = {} if kv_bytes is None else {"kv_cache_memory_bytes": kv_bytes}
     report = run(args.model, methods, args.k, args.new_tokens, _csv(args.batch_sizes, int), engine_args,
-                 args.draft_model, args.medusa_model, args.repeats, args.disable_tqdm, prompt_sets)
+                 args.draft_model, args.medusa_model, args.repeats, args.disable_tqdm, prompt_sets,
+                 _csv(args.concurrency, int))
     print_tables(report)
     write_report(args.result_file, report)
     return 0

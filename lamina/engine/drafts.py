@@ -185,6 +185,7 @@ class SpecDecodeStats:
     policy_eligible: int = 0  # requests that could draft, summed over those steps
     policy_limit_tokens: int = 0  # drafts the policy allowed them, summed
     policy_cut_tokens: int = 0  # drafts proposed, then dropped because they no longer paid
+    plain_steps: int = 0  # steps the gate ran without speculation (SpecGate's plain windows)
 
     def record(self, num_drafts: int, num_accepted: int) -> None:
         self.num_drafts += 1

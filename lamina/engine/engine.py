@@ -35,7 +35,7 @@ from lamina.engine.input_processor import InputLimits, InputProcessor, PromptTyp
 from lamina.engine.output_processor import OutputProcessor
 from lamina.engine.request import Request, RequestStatus
 from lamina.engine.scheduler import Scheduler
-from lamina.engine.speculator import Speculator, make_policy
+from lamina.engine.speculator import make_speculator
 from lamina.engine.stats import SchedulerStats, StepStats
 from lamina.executor.base import Executor, StepFuture
 from lamina.executor.factory import make_executor
@@ -88,8 +88,8 @@ class LLMEngine:
         self.kv_manager = KVCacheManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
         spec = config.speculative_config
         self.scheduler = Scheduler(sched, self.kv_manager, self.max_model_len)
-        self.speculator = None if spec is None else Speculator(spec, self.max_model_len, self.scheduler.stats.spec,
-                                                                make_policy(spec, config, device))
+        self.speculator = None if spec is None else make_speculator(spec, config, device, self.max_model_len,
+                                                                     self.scheduler.stats.spec)
         if self.speculator is not None:
             self.scheduler.num_lookahead_tokens = self.speculator.num_lookahead_tokens
         limits = InputLimits(self.arch.vocab_size, self.max_model_len, model_config.max_logprobs)
@@ -179,8 +179,10 @@ class LLMEngine:
         changed += self._fail_siblings(changed)
         if self.speculator is not None:
             self.speculator.after_tokens(scheduled, result, self.scheduler.running)
-            if self.config.async_scheduling and self._inflight is None:
-                # the next step's drafts are known: launch it now, its device work under this step's outputs
+            if self.config.async_scheduling and self._inflight is None and self.speculator.has_drafts:
+                # the next step's drafts are known: launch it now, its device work under this step's outputs.
+                # Without drafts the next step waits for the outputs, as without speculation: the caller may
+                # add requests once it sees some end, and that step admits them.
                 self._inflight = self._launch(self._schedule(), ahead=False)
         outputs = self.output_processor.process(changed, self._stop_string_found)
         # The step's time: this call's, less the launch of the step after it, plus its own launch when that

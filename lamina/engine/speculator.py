@@ -6,7 +6,10 @@
         step t runs; the worker drafts once its tokens are known  ->  after_tokens: take its drafts
     either way the next step verifies request.spec_token_ids, cut to max_drafts (max_tokens, max_model_len,
     penalties, min_tokens); the engine may launch it before step t's outputs are processed. after_step: step t's
-    wall time, once known (the policy's cost model, the verify time, a decision's share of a step).
+    wall time, once known (the policy's cost model, the verify time, a decision's share of a step, the gate).
+
+With the adaptive policy, no decision is made (and the next step may be launched ahead) during a pause of the
+policy's (Rest) or a plain window of the gate's (SpecGate: speculation on or off by measured throughput).
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import torch
 from lamina.config import EngineConfig, SpeculativeConfig
 from lamina.engine.drafts import SpecDecodeStats, TokenArrays, Verdict, max_drafts, propose_drafts
 from lamina.engine.request import Request
+from lamina.engine.spec_gate import SpecGate
 from lamina.engine.spec_policy import SpecPolicy
 from lamina.spec.proposer import make_proposer
 from lamina.step import ModelRunnerOutput, SchedulerOutput
@@ -75,18 +79,25 @@ class Rest:
 
 class Speculator:
     def __init__(self, config: SpeculativeConfig, max_model_len: int, stats: SpecDecodeStats,
-                 policy: SpecPolicy | None = None) -> None:
+                 policy: SpecPolicy | None = None, gate: SpecGate | None = None) -> None:
+        """policy None: every request that may draft gets up to k drafts; gate None: speculation never paused
+        for a plain window (the gate is meant to go with a policy)."""
         self.config = config
         self.k = config.num_speculative_tokens
         self.max_model_len = max_model_len
         self.stats = stats
-        self.policy = policy  # None: every request that may draft gets up to k drafts
+        self.policy = policy
+        self.gate = gate
         self.proposer = make_proposer(config)  # None: the worker drafts
         self._arrays = TokenArrays()  # the drafting requests' tokens as numpy arrays, for the n-gram proposer
         self._rest = Rest()
         self._decision_share = 0.0  # a decision's host time over the step's (EMA), for Rest
         self._decision_seconds: float | None = None  # the last decision's, until its step's time is known
         self._observe_next = False  # whether after_step feeds the step's time to the policy's cost model
+        self._emitted = 0  # tokens the step emitted, for the gate
+        self._step_plain = self._next_plain = False  # whether this step's / the next's drafts were decided plain
+        self.has_drafts = False  # whether after_tokens left drafts for the next step (the engine launches it early)
+        self._compiled = False  # whether the step compiled a kernel (no sample of its speed)
 
     @property
     def num_lookahead_tokens(self) -> int:
@@ -95,12 +106,15 @@ class Speculator:
 
     def wants_sync(self) -> bool:
         """Whether the next step must wait for this one's tokens (no step launched ahead): always without the
-        policy (k fixed), and with it whenever a decision is due (not during a pause)."""
-        return self.policy is None or not self._rest.left
+        policy (k fixed), and with it whenever a decision is due (not during a pause or a plain window)."""
+        return self.policy is None or not (self._rest.left or self._plain())
+
+    def _plain(self) -> bool:
+        return self.gate is not None and self.gate.plain
 
     def before_step(self, scheduled: SchedulerOutput, requests: list[Request]) -> None:
         """Ask the worker for drafts of the requests whose scheduled range reaches their end."""
-        if self.proposer is not None or (self.policy is not None and self._rest.left):
+        if self.proposer is not None or (self.policy is not None and (self._rest.left or self._plain())):
             return
         ids = [r.request_id for r in requests]
         caps = [max_drafts(r, self.k, self.max_model_len, ahead=1)
@@ -114,8 +128,12 @@ class Speculator:
     def after_tokens(self, scheduled: SchedulerOutput, result: ModelRunnerOutput, running: list[Request]) -> None:
         """Set the drafts of the next step (request.spec_token_ids) once this step's tokens are known (before its
         outputs are processed: the engine may launch the next step first)."""
-        self._observe_next = False
-        resting = self.policy is not None and self._rest.resting()  # one step of the pause passes
+        self._observe_next = self.has_drafts = False
+        self._emitted = sum(map(len, result.sampled_token_ids.values()))
+        self._compiled = bool(result.num_compiles)
+        self._step_plain, self._next_plain = self._next_plain, self._plain()
+        # one step of the policy's pause passes (a plain window of the gate's leaves the pause as it is)
+        resting = self.policy is not None and (self._plain() or self._rest.resting())
         if self.proposer is not None and resting:
             return  # nobody drafts: spec_token_ids are empty (settled after the last verify step)
         self._observe_next = self.policy is not None and not result.num_compiles  # a compiling step is no sample
@@ -130,6 +148,7 @@ class Speculator:
                 self._rest.decided(verdict, self._decision_share)
         elif scheduled.scheduled_spec_decode_tokens or result.draft_token_ids:
             self._take_worker_drafts(result, running)
+        self.has_drafts = any(r.spec_token_ids for r in running)
         self.stats.draft_seconds += time.perf_counter() - start
 
     def after_step(self, scheduled: SchedulerOutput, step_seconds: float) -> None:
@@ -144,6 +163,10 @@ class Speculator:
             self.policy.observe_scheduled(scheduled, own_seconds)
         if decision is not None:
             self._observe_decision(decision, own_seconds)
+        if self.gate is not None:
+            self.stats.plain_steps += self.gate.plain
+            self.gate.observe(len(scheduled.req_ids), self._emitted, step_seconds, self._step_plain,
+                              countable=not self._compiled)
 
     def _observe_decision(self, seconds: float, step_seconds: float) -> None:
         if step_seconds > 0:
@@ -162,6 +185,13 @@ class Speculator:
                                             drafting_cost=False)
             for request, keep in zip(running, kept):
                 del request.spec_token_ids[keep:]
+
+
+def make_speculator(spec: SpeculativeConfig, config: EngineConfig, device: torch.device, max_model_len: int,
+                    stats: SpecDecodeStats) -> Speculator:
+    """The engine's speculator: with spec.adaptive, the policy and the gate."""
+    policy = make_policy(spec, config, device)
+    return Speculator(spec, max_model_len, stats, policy, SpecGate() if policy is not None else None)
 
 
 def make_policy(spec: SpeculativeConfig, config: EngineConfig, device: torch.device) -> SpecPolicy | None:

@@ -1,5 +1,6 @@
-"""The speculative-decoding bench on a tiny model: a batch-1 row per prompt set and temperature and a throughput
-row per batch size, for the engine without drafts and for each method asked."""
+"""The speculative-decoding bench on a tiny model: a batch-1 row per prompt set and temperature, a throughput
+row per batch size and a closed-loop row per concurrency, for the engine without drafts and for each method
+asked."""
 from __future__ import annotations
 
 import json
@@ -16,22 +17,24 @@ def test_spec_bench_writes_rows_for_every_engine(tmp_path, capsys):
     model = make_tiny_model("llama", tmp_path / "m", vocab_size=320)
     save_tiny_tokenizer(model, vocab_size=300)
     result = tmp_path / "spec.json"
-    assert main(["--model", str(model), "--new-tokens", "6", "--batch-sizes", "1,3", "--repeats", "2",
-                 "--disable-tqdm", "--result-file", str(result)]) == 0
+    assert main(["--model", str(model), "--new-tokens", "6", "--batch-sizes", "1,3", "--concurrency", "2",
+                 "--repeats", "2", "--disable-tqdm", "--result-file", str(result)]) == 0
     results = json.loads(result.read_text())["results"]
     assert list(results) == ["off", "ngram"]
     for label, result in results.items():
         rows = result["batch_one"]
         assert [(r["prompts"], r["temperature"]) for r in rows] == [(p, t) for p in PROMPT_SETS for t in TEMPERATURES]
         assert [r["batch_size"] for r in result["throughput"]] == [1, 3]
-        for row in rows + result["throughput"]:
+        assert [r["concurrency"] for r in result["concurrency"]] == [2]
+        for row in rows + result["throughput"] + result["concurrency"]:
             assert row["tok_s"] > 0 and 0 <= row["acceptance_rate"] <= 1
             assert row["tokens_per_verify_step"] == 0 or 1 <= row["tokens_per_verify_step"] <= 1 + NGRAM_K
             assert label == "ngram" or row["tokens_per_verify_step"] == 0
             assert len(row["tok_s_repeats"]) == 2 and row["tok_s"] in row["tok_s_repeats"]
             assert row["draft_ms"] >= 0 and (label == "ngram" or row["draft_ms"] == 0)
-            assert row["outside_steps_ms"] >= row["draft_ms"] - 1e-6  # decisions run between steps
-    assert "speed-up" in capsys.readouterr().out
+            assert label == "ngram" or row["plain_steps"] == 0
+    out = capsys.readouterr().out
+    assert "speed-up" in out and "closed loop" in out
 
 
 NGRAM_K = DEFAULT_SPEC_TOKENS["ngram"]
@@ -41,12 +44,13 @@ def test_spec_bench_runs_the_prompt_sets_asked(tmp_path):
     model = make_tiny_model("llama", tmp_path / "m", vocab_size=320)
     save_tiny_tokenizer(model, vocab_size=300)
     result = tmp_path / "spec.json"
-    assert main(["--model", str(model), "--new-tokens", "4", "--batch-sizes", "2", "--repeats", "1", "--prompt-sets",
-                 "", "--disable-tqdm", "--result-file", str(result)]) == 0
+    assert main(["--model", str(model), "--new-tokens", "4", "--batch-sizes", "2", "--concurrency", "", "--repeats",
+                 "1", "--prompt-sets", "", "--disable-tqdm", "--result-file", str(result)]) == 0
     results = json.loads(result.read_text())["results"]
-    assert all(not r["batch_one"] and [t["batch_size"] for t in r["throughput"]] == [2] for r in results.values())
-    assert main(["--model", str(model), "--new-tokens", "4", "--batch-sizes", "", "--repeats", "1", "--prompt-sets",
-                 "chat", "--disable-tqdm", "--result-file", str(result)]) == 0
+    assert all(not r["batch_one"] and [t["batch_size"] for t in r["throughput"]] == [2] and not r["concurrency"]
+               for r in results.values())
+    assert main(["--model", str(model), "--new-tokens", "4", "--batch-sizes", "", "--concurrency", "", "--repeats",
+                 "1", "--prompt-sets", "chat", "--disable-tqdm", "--result-file", str(result)]) == 0
     rows = json.loads(result.read_text())["results"]["off"]["batch_one"]
     assert [(r["prompts"], r["temperature"]) for r in rows] == [("chat", t) for t in TEMPERATURES]
 

@@ -137,6 +137,7 @@ def test_steps_without_a_match_do_not_pause_a_policy_that_lets_requests_draft(tm
     cost.seed([(1, 0.02), (4, 0.02), (16, 0.02)])
     cost.observe = lambda num_tokens, seconds: None  # the flat cost stays: this CPU's own timings play no part
     engine.speculator.proposer = _SometimesRight(prompt + list(want))
+    engine.speculator.gate = None  # the policy alone: the gate's plain probes would pause it (test_spec_gate.py)
     got = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
     assert got[0].outputs[0].token_ids == want
     stats = engine.get_stats()

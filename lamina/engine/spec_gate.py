@@ -1,0 +1,179 @@
+"""SpecGate: speculation on or off, per batch size, by the throughput each delivers (issue #12: never slower).
+
+The policy (spec_policy.py) predicts what drafts buy from a model of a step's cost; what its verify steps, its
+decisions and its steps not launched ahead really cost shows only in the engine's throughput, and the gate
+measures that. Steps run in windows of `window` steps, each window in one arm:
+
+    SPEC    the speculator decides and drafts as the policy says (its own pauses included)
+    PLAIN   no decision, no drafts: the engine runs as without speculation, its steps launched ahead
+
+A window's rate is the tokens its steps emitted over their wall time, counting only the steps whose drafts were
+decided in the window's arm (not its first: those were decided before it began) and that compiled no kernel.
+Each batch-size bucket (the rows of a step, by powers of two) has a leading arm, and the other is probed for one
+window after `gap` windows of the leader. The host's speed drifts by tens of percent over seconds (seen on the
+H200's host), so a probe is judged against its neighbours: its rate over the mean rate of the leader's windows just
+before and just after it is one sample of speculation's advantage (log of spec rate over plain rate), an EMA over
+probes decides the leader:
+
+    window:   1  2  3  4  5  6  7  8  9 10 11 12 13 14 15 ...
+    arm:      S  P  S  S  P  S  S  S  S  P  S  S  S  S  S ...   (the leader S, its probes losing narrowly)
+                 ^ probe, judged against windows 1 and 3
+
+Speculation leads while its advantage beats SPEC_MARGIN: in doubt, the engine runs as without it. The next probe
+comes after max(2 gap, loss / EXPLORE_BUDGET) leader windows (loss / EXPLORE_BUDGET after a change of lead; at
+least 1, at most `max_gap`), loss being what a window of the slower arm costs against the faster (1 - slower /
+faster): the probes of an arm 30 % slower cost 1 % of the throughput at most, those of one 2 % slower come often,
+which they may (its noise takes more windows to settle, and a wrong lead costs little). A change of workload
+(another prompt, longer contexts) is noticed within max_gap windows. A window ends early when the batch leaves its
+bucket; it counts if at least half of it was counted, else its arm runs again.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+WINDOW = 16  # steps a window (a batch-1 step of the demo model is ~0.3-0.5 ms on the H200, ~4 ms on the CPU)
+MAX_GAP = 32  # windows of the leader between two probes, at most
+RATE_DECAY = 0.7  # EMAs (the advantage, each arm's rate): this much of the old value, the rest the new sample
+SPEC_MARGIN = 0.02  # speculation leads only while faster than plain by this much: in doubt, the plain engine
+EXPLORE_BUDGET = 0.01  # probes of the slower arm cost at most this share of the throughput (up to MAX_GAP)
+
+
+class Arm(Enum):
+    SPEC = "spec"
+    PLAIN = "plain"
+
+
+def batch_bucket(num_rows: int) -> int:
+    """The power of two at or above `num_rows`: rows 1, 2, 3-4, 5-8, 9-16, ... share a bucket."""
+    return 1 << max(0, num_rows - 1).bit_length()
+
+
+@dataclass
+class BucketState:
+    """One batch-size bucket: the paired advantage of speculation, the leader, the probe schedule, and each arm's
+    rate (an EMA of its windows, tokens/s: for reading; decisions use the pairs)."""
+
+    advantage: float | None = None  # EMA of log(spec rate / plain rate) over probes, each against its neighbours
+    leader: Arm = Arm.SPEC
+    gap: int = 1  # leader windows between probes
+    since_probe: int = 0  # leader windows since the last probe
+    spec_rate: float | None = None
+    plain_rate: float | None = None
+    spec_windows: int = 0  # windows measured in each arm
+    plain_windows: int = 0
+    before: float | None = None  # the rate of the leader's last window
+    probe: float | None = None  # the rate of a probe waiting for the leader window after it
+
+    def next_arm(self) -> Arm:
+        probing = self.probe is None and self.before is not None and self.since_probe >= self.gap
+        return _other(self.leader) if probing else self.leader
+
+    def record(self, arm: Arm, rate: float, max_gap: int) -> None:
+        """A window of `arm` ran at `rate`. A probe waits for the leader's next window; then its rate against the
+        mean of its two neighbours updates the advantage, and the leader and the gap are chosen again."""
+        self._count(arm, rate)
+        if arm is not self.leader:
+            self.probe, self.since_probe = rate, 0
+            return
+        if self.probe is not None:
+            paired = self.probe / (0.5 * ((self.before or rate) + rate))
+            sample = math.log(paired) if arm is Arm.PLAIN else -math.log(paired)
+            self.advantage = sample if self.advantage is None else (
+                RATE_DECAY * self.advantage + (1 - RATE_DECAY) * sample)
+            self.probe = None
+            if self._choose(max_gap):
+                self.since_probe, self.before = 0, None  # the new leader's windows are measured from now
+                return
+        self.since_probe, self.before = self.since_probe + 1, rate
+
+    def _choose(self, max_gap: int) -> bool:
+        """Speculation leads while its advantage beats SPEC_MARGIN; the next probe comes after max(2 gap,
+        loss / EXPLORE_BUDGET) windows (loss / EXPLORE_BUDGET after a change of lead). Whether the lead changed."""
+        ratio = math.exp(self.advantage) / (1 + SPEC_MARGIN)  # spec over plain, the margin taken off
+        faster = Arm.SPEC if ratio > 1 else Arm.PLAIN
+        loss = 1 - min(ratio, 1 / ratio)
+        changed = faster is not self.leader
+        self.leader = faster
+        self.gap = max(1, min(max_gap, max(1 if changed else 2 * self.gap, math.ceil(loss / EXPLORE_BUDGET))))
+        return changed
+
+    def _count(self, arm: Arm, rate: float) -> None:
+        if arm is Arm.SPEC:
+            old, self.spec_windows = self.spec_rate, self.spec_windows + 1
+            self.spec_rate = rate if old is None else RATE_DECAY * old + (1 - RATE_DECAY) * rate
+        else:
+            old, self.plain_windows = self.plain_rate, self.plain_windows + 1
+            self.plain_rate = rate if old is None else RATE_DECAY * old + (1 - RATE_DECAY) * rate
+
+
+def _other(arm: Arm) -> Arm:
+    return Arm.PLAIN if arm is Arm.SPEC else Arm.SPEC
+
+
+@dataclass(frozen=True)
+class WindowRecord:
+    """One window that ended, as SpecGate.window_log keeps it (profiling)."""
+
+    bucket: int
+    arm: Arm
+    steps: int
+    counted: int  # steps whose drafts were decided in `arm`, without a compile
+    tokens: int  # emitted by the counted steps
+    seconds: float  # their wall time
+    recorded: bool  # whether it changed the bucket's state (complete, or half counted)
+
+
+class SpecGate:
+    """Whether the next steps speculate (see the module docstring). The Speculator asks `plain` before each
+    decision and tells `observe` every step's rows, emitted tokens, wall time and the arm its drafts were
+    decided in. While `window_log` is a list, every window that ends is appended to it."""
+
+    def __init__(self, window: int = WINDOW, max_gap: int = MAX_GAP) -> None:
+        self.window, self.max_gap = window, max_gap
+        self.buckets: dict[int, BucketState] = {}
+        self.window_log: list[WindowRecord] | None = None
+        self._arm = Arm.SPEC
+        self._bucket: int | None = None  # the window's bucket
+        self._steps = 0  # steps of the window so far
+        self._counted = 0  # of which counted
+        self._tokens = 0
+        self._seconds = 0.0
+
+    @property
+    def plain(self) -> bool:
+        """Whether the current window runs without speculation."""
+        return self._arm is Arm.PLAIN
+
+    def observe(self, num_rows: int, num_tokens: int, seconds: float, plain: bool, countable: bool = True) -> None:
+        """One step of `num_rows` rows emitted `num_tokens` tokens in `seconds`. `plain`: whether its drafts were
+        decided in a plain window (the window's arm when it counts); countable: it compiled no kernel."""
+        if num_rows <= 0:
+            return
+        bucket = batch_bucket(num_rows)
+        if bucket != self._bucket:
+            self._end_window(complete=False)
+            self._start_window(bucket)
+        self._steps += 1
+        if countable and plain == self.plain:
+            self._counted += 1
+            self._tokens += num_tokens
+            self._seconds += seconds
+        if self._steps >= self.window:
+            self._end_window(complete=True)
+            self._start_window(bucket)
+
+    def _start_window(self, bucket: int) -> None:
+        self._bucket, self._steps, self._counted, self._tokens, self._seconds = bucket, 0, 0, 0, 0.0
+        self._arm = self.buckets.setdefault(bucket, BucketState()).next_arm()
+
+    def _end_window(self, complete: bool) -> None:
+        if self._bucket is None:
+            return
+        recorded = self._seconds > 0 and (complete or 2 * self._counted >= self.window)
+        if recorded:
+            self.buckets[self._bucket].record(self._arm, self._tokens / self._seconds, self.max_gap)
+        if self.window_log is not None:
+            self.window_log.append(WindowRecord(self._bucket, self._arm, self._steps, self._counted, self._tokens,
+                                                self._seconds, recorded))

@@ -1,0 +1,219 @@
+"""SpecGate: speculation on or off per batch size, by the throughput each arm delivers."""
+from __future__ import annotations
+
+import math
+import random
+
+from lamina import LLM, SamplingParams
+from lamina.bench.concurrency import steady_throughput
+from lamina.engine.spec_gate import MAX_GAP, SPEC_MARGIN, WINDOW, Arm, BucketState, SpecGate, batch_bucket
+from tests.helpers.tiny_models import make_tiny_model
+
+
+def run(gate: SpecGate, windows: int, rate_of, rows: int = 1, rng: random.Random | None = None) -> str:  # noqa: ANN001
+    """Feed `windows` windows of steps to the gate, each step emitting `rate_of(arm)` tokens a second (times a
+    random factor in [0.7, 1.3] with `rng`); 'S' / 'P' for each window's arm."""
+    arms = []
+    for _ in range(windows):
+        arm = Arm.PLAIN if gate.plain else Arm.SPEC
+        arms.append("P" if gate.plain else "S")
+        for _ in range(gate.window):
+            noise = rng.uniform(0.7, 1.3) if rng else 1.0
+            gate.observe(rows, num_tokens=rows, seconds=rows / (rate_of(arm) * noise), plain=gate.plain)
+    return "".join(arms)
+
+
+def test_batch_buckets_are_powers_of_two() -> None:
+    assert [batch_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17, 256)] == [1, 2, 4, 4, 8, 8, 16, 16, 32, 256]
+
+
+def runs_between(arms: str, probe: str) -> list[int]:
+    """The lengths of the leader's runs between consecutive probes (`probe`: the probed arm's letter)."""
+    return [len(run) for run in arms.split(probe)[1:-1]]
+
+
+def test_where_speculation_loses_it_runs_only_as_probes_costing_the_budget() -> None:
+    """Speculation 20 % slower (21.6 % with the margin): the plain probe (window 2) is judged against windows 1
+    and 3, plain leads, and speculation is probed after ceil(0.216 / EXPLORE_BUDGET) = 22 plain windows, then
+    MAX_GAP (each probe followed by the leader's window that judges it)."""
+    gate = SpecGate()
+    arms = run(gate, 80, lambda arm: 800.0 if arm is Arm.SPEC else 1000.0)
+    assert arms.startswith("SPS") and runs_between(arms, "S") == [1, 22, MAX_GAP]
+    state = gate.buckets[1]
+    assert state.leader is Arm.PLAIN and state.gap == MAX_GAP and (state.spec_windows, state.plain_windows) == (4, 76)
+    assert abs(state.advantage - math.log(0.8)) < 1e-9
+    assert abs(state.spec_rate - 800) < 1e-6 and abs(state.plain_rate - 1000) < 1e-6
+
+
+def test_where_speculation_wins_plain_windows_are_rare_probes() -> None:
+    gate = SpecGate()
+    arms = run(gate, 80, lambda arm: 2000.0 if arm is Arm.SPEC else 1000.0)
+    assert arms.startswith("SP" + "S" * MAX_GAP + "P") and arms.count("P") == 3
+    assert gate.buckets[1].leader is Arm.SPEC
+
+
+def test_narrow_losses_are_probed_often_then_less() -> None:
+    """Speculation 1 % faster, under the margin: plain leads; a probe costs ~1 %, so the gap doubles from 1."""
+    gate = SpecGate()
+    arms = run(gate, 80, lambda arm: 1010.0 if arm is Arm.SPEC else 1000.0)
+    assert arms.startswith("SPSPSPPS") and runs_between(arms, "S") == [1, 1, 2, 4, 8, 16, 32]
+    assert gate.buckets[1].leader is Arm.PLAIN
+    gate = SpecGate()
+    run(gate, 40, lambda arm: 1000.0 * (1 + 2 * SPEC_MARGIN) if arm is Arm.SPEC else 1000.0)
+    assert gate.buckets[1].leader is Arm.SPEC
+
+
+def test_a_change_of_workload_moves_the_lead() -> None:
+    """After speculation has lost for long (probes MAX_GAP apart), it takes the lead at its next probe once it
+    wins (the advantage's EMA turns positive at once when it is 3x faster), and keeps it."""
+    gate, speed = SpecGate(), {"spec": 800.0}
+    run(gate, 100, lambda arm: speed["spec"] if arm is Arm.SPEC else 1000.0)
+    speed["spec"] = 3000.0
+    arms = run(gate, 2 * (MAX_GAP + 1) + 10, lambda arm: speed["spec"] if arm is Arm.SPEC else 1000.0)
+    first = arms.index("S")
+    assert first <= MAX_GAP and arms[first:first + 2] == "SP" and arms[first + 2:first + 12] == "S" * 10
+    assert arms[-10:].count("S") >= 9
+
+
+def test_noisy_windows_still_leave_a_losing_arm_rarely_run() -> None:
+    """Windows whose rate moves +-30 % at random: speculation at 0.8x of plain still runs in under a sixth of
+    the windows (each probe that wins by noise is followed by a plain probe that takes the lead back)."""
+    rng = random.Random(0)
+    losing = run(SpecGate(), 2000, lambda arm: 800.0 if arm is Arm.SPEC else 1000.0, rng=rng)
+    assert losing.count("S") < 2000 / 6
+    winning = run(SpecGate(), 2000, lambda arm: 1600.0 if arm is Arm.SPEC else 1000.0, rng=rng)
+    assert winning.count("P") < 2000 / 12
+
+
+def test_a_drifting_host_does_not_fool_the_pairs() -> None:
+    """The host's speed drifts by +-40 % over 40 windows, the same for both arms; speculation is 10 % slower.
+    Judged against its neighbours, each probe sees the 10 %: speculation runs in few windows."""
+    steps = iter(range(10**9))
+
+    def rate_of(arm: Arm) -> float:
+        host = 1 + 0.4 * math.sin(2 * math.pi * next(steps) / (40 * WINDOW))
+        return host * (900.0 if arm is Arm.SPEC else 1000.0)
+
+    arms = run(SpecGate(), 400, rate_of)
+    assert arms.count("S") < 400 / 15
+
+
+def test_buckets_learn_apart() -> None:
+    """Batch 1 wins with drafts, batch 8 loses: each bucket keeps its own leader."""
+    gate = SpecGate()
+    for _ in range(10):
+        run(gate, 10, lambda arm: 2000.0 if arm is Arm.SPEC else 1000.0, rows=1)
+        run(gate, 10, lambda arm: 800.0 if arm is Arm.SPEC else 1000.0, rows=8)
+    assert gate.buckets[1].leader is Arm.SPEC and gate.buckets[8].leader is Arm.PLAIN
+
+
+def test_steps_decided_in_the_other_arm_and_compiling_steps_are_not_counted() -> None:
+    """A window's first step had its drafts decided in the window before; a step that compiled is no sample."""
+    gate = SpecGate()
+    gate.observe(1, 1, 100.0, plain=True)  # its drafts were decided in a plain window: not counted here
+    gate.observe(1, 1, 100.0, plain=False, countable=False)
+    for _ in range(WINDOW - 2):
+        gate.observe(1, 1, 0.001, plain=False)
+    assert abs(gate.buckets[1].spec_rate - 1000) < 1e-6 and gate.plain
+
+
+def test_a_window_cut_short_by_the_batch_counts_only_if_half_ran() -> None:
+    gate = SpecGate()
+    for _ in range(WINDOW // 2 - 1):
+        gate.observe(1, 1, 0.001, plain=False)
+    gate.observe(2, 2, 0.001, plain=False)  # the batch grows: a window of 7 steps, not counted; bucket 2 starts
+    assert gate.buckets[1].spec_rate is None
+    for _ in range(WINDOW // 2 - 1):
+        gate.observe(2, 2, 0.001, plain=False)
+    gate.observe(1, 1, 0.001, plain=False)  # back to bucket 1: bucket 2's window had half its steps and counts
+    assert gate.buckets[2].spec_rate is not None and not gate.plain  # bucket 1 still speculates first
+
+
+def test_bucket_state_probe_schedule() -> None:
+    state = BucketState()
+    assert state.next_arm() is Arm.SPEC
+    state.record(Arm.SPEC, 100.0, MAX_GAP)
+    assert state.next_arm() is Arm.PLAIN
+    state.record(Arm.PLAIN, 97.0, MAX_GAP)  # the probe waits for the leader's next window
+    assert state.next_arm() is Arm.SPEC and state.advantage is None
+    state.record(Arm.SPEC, 100.0, MAX_GAP)  # 97 against 100 and 100: spec 3 % ahead, 1 % past the margin
+    assert abs(state.advantage - math.log(100 / 97)) < 1e-9 and (state.leader, state.gap) == (Arm.SPEC, 2)
+    state.record(Arm.SPEC, 100.0, MAX_GAP)
+    assert state.next_arm() is Arm.PLAIN
+    state.record(Arm.PLAIN, 50.0, MAX_GAP)
+    state.record(Arm.SPEC, 100.0, MAX_GAP)  # advantage 0.3 * log(2): spec 21 % ahead less the margin, gap 19
+    assert (state.leader, state.gap, state.spec_windows, state.plain_windows) == (Arm.SPEC, 19, 4, 2)
+
+
+def test_the_engine_runs_plain_windows_without_drafts_and_feeds_the_gate(tmp_path) -> None:
+    """An engine whose gate found plain faster at batch 1 (measured earlier: its state is preloaded) makes no
+    decision and no draft there once its steps are seen: its steps are launched ahead as without speculation,
+    greedy output unchanged. A fresh gate starts with speculation and measures both arms from the engine's own
+    steps."""
+    model = make_tiny_model("llama", tmp_path / "m", vocab_size=320)
+    params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+    prompts = [{"prompt_token_ids": [5, 6, 7, 5, 6, 7, 5, 6]}]
+    want = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64).generate(prompts, params, use_tqdm=False)
+    spec = {"method": "ngram", "num_speculative_tokens": 3}
+    llm = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64, speculative_config=spec)
+    engine = llm.engine
+    gate = engine.speculator.gate
+    gate.buckets[1] = BucketState(spec_rate=1.0, plain_rate=2.0, leader=Arm.PLAIN, gap=MAX_GAP)
+    engine.step_log = []
+    got = llm.generate(prompts, params, use_tqdm=False)
+    assert got[0].outputs[0].token_ids == want[0].outputs[0].token_ids
+    stats, kinds = engine.get_stats().spec, [step.kind for step in engine.step_log]
+    # one decision at most: after the prompt's step, before the gate has seen a step of batch 1
+    assert stats.num_drafts <= 1 and stats.policy_steps <= 1 and kinds.count("verify") <= 1
+    assert kinds.count("decode ahead") >= 0.9 * (len(kinds) - 2) and stats.plain_steps >= len(kinds) - 2
+    engine.check_integrity()
+
+    llm = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64, speculative_config=spec)
+    got = llm.generate(prompts, params, use_tqdm=False)
+    assert got[0].outputs[0].token_ids == want[0].outputs[0].token_ids
+    state, stats = llm.engine.speculator.gate.buckets[1], llm.engine.get_stats().spec
+    assert state.spec_rate > 0 and state.plain_rate > 0 and stats.num_drafts > 0 and stats.plain_steps >= WINDOW - 1
+    llm.engine.check_integrity()
+
+
+def test_k_fixed_has_no_gate(tmp_path) -> None:
+    model = make_tiny_model("llama", tmp_path / "m", vocab_size=320)
+    llm = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64,
+              speculative_config={"method": "ngram", "adaptive": False})
+    assert llm.engine.speculator.gate is None and llm.engine.speculator.policy is None
+
+
+def test_the_window_log_keeps_every_window_that_ended() -> None:
+    gate = SpecGate()
+    gate.window_log = []
+    run(gate, 3, lambda arm: 800.0 if arm is Arm.SPEC else 1000.0)
+    for _ in range(3):
+        gate.observe(2, 2, 0.001, plain=gate.plain)  # bucket 2: cuts the fourth window after 0 steps
+    log = gate.window_log
+    assert [(w.bucket, w.arm, w.steps, w.recorded) for w in log] == [
+        (1, Arm.SPEC, WINDOW, True), (1, Arm.PLAIN, WINDOW, True), (1, Arm.SPEC, WINDOW, True),
+        (1, Arm.PLAIN, 0, False)]
+    assert abs(log[0].tokens / log[0].seconds - 800) < 1e-6 and log[1].counted == WINDOW
+
+
+def test_without_drafts_the_engine_steps_as_without_speculation(tmp_path) -> None:
+    """A closed loop (a request added as each one ends) over an engine whose gate runs plain everywhere makes the
+    very steps of the engine without speculation. Regression: steps without drafts were launched early, before
+    the caller saw the outputs that ended requests, so the requests it added then missed the step (H200, closed
+    loop at 128 in flight: 0.91x of off with no draft made)."""
+    model = make_tiny_model("llama", tmp_path / "m", vocab_size=320)
+    requests = [({"prompt_token_ids": list(range(10 + i, 18 + i))},
+                 SamplingParams(temperature=0, max_tokens=4 + 3 * (i % 4), ignore_eos=True)) for i in range(12)]
+    plain = {b: BucketState(leader=Arm.PLAIN, gap=MAX_GAP) for b in (1, 2, 4)}
+    steps = []
+    for spec in (None, {"method": "ngram"}):
+        llm = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64, speculative_config=spec)
+        if spec is not None:
+            llm.engine.speculator.gate.buckets.update(plain)
+        llm.engine.step_log = []
+        steady_throughput(llm.engine, requests, concurrency=4)
+        steps.append([(s.kind, s.num_rows, s.num_tokens) for s in llm.engine.step_log])
+        llm.engine.check_integrity()
+    off, spec = steps
+    # the same steps; the second was decided at the first (the gate had seen no step yet), not launched ahead
+    assert spec[2:] == off[2:] and spec[1][1:] == off[1][1:] and len(off) > 10
