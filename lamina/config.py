@@ -59,6 +59,9 @@ class ModelConfig:
                  f"must be an integer >= 0, got {self.max_logprobs!r}")
 
 
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # vLLM's names; both fp8 names mean e4m3
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """The paged KV cache: block size, how many blocks, prefix caching."""
@@ -68,6 +71,9 @@ class CacheConfig:
     kv_cache_memory_bytes: int | None = None  # None on CPU: DEFAULT_CPU_KV_BYTES
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = 0.9  # CUDA: share of GPU memory for weights + activations + KV cache
+    # "auto": the model's dtype; "fp8" (= "fp8_e4m3"): e4m3 K/V with per-head scales from the checkpoint
+    # (self_attn.k_scale / v_scale, `lamina quantize --kv-cache-dtype fp8`), 1.0 where it has none
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         _require(isinstance(self.block_size, int) and self.block_size in (1, 2, 4, 8, 16, 32, 64, 128),
@@ -80,6 +86,8 @@ class CacheConfig:
         util = self.gpu_memory_utilization
         _require(isinstance(util, (int, float)) and not isinstance(util, bool) and 0 < util <= 1,
                  "gpu_memory_utilization", f"must be a number in (0, 1], got {util!r}")
+        _require(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype",
+                 f"must be one of {list(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
 
 
 DEFAULT_CPU_KV_BYTES = 1 << 30
@@ -213,6 +221,9 @@ class EngineConfig:
         size = self.cuda_graph_max_batch_size
         _require(isinstance(size, int) and not isinstance(size, bool) and size > 0,
                  "cuda_graph_max_batch_size", f"must be a positive integer, got {size!r}")
+        _require(self.tensor_parallel_size == 1 or self.cache_config.kv_cache_dtype == "auto", "kv_cache_dtype",
+                 f"{self.cache_config.kv_cache_dtype!r} with tensor_parallel_size > 1 is not supported yet; "
+                 "use 'auto'")
         # frozen: the user's dict or JSON becomes the dataclass once, here
         object.__setattr__(self, "speculative_config", SpeculativeConfig.from_user(self.speculative_config))
 

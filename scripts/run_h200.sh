@@ -35,6 +35,7 @@
 #         spec-gate-models  the same rows for the draft model and EAGLE (no prompt sets)
 #         spec-gate-trace   scripts/trace_spec_gate.py (the gate's windows in the closed loop at 8 .. 256)
 #         spec-gate-batch   the gate's throughput and closed-loop rows only, 5 repeats
+#         kv-fp8         scripts/fp8_kv_gpu_check.py and fp8_kv_decode_sweep.py, then W1 with kv_cache_dtype auto and fp8 (issue #13's stretch)
 #         eagle-train    the demo EAGLE head trained on the H200 (scripts/demo_model/eagle_device.sh) into
 #                        $OUT/demo-eagle-gpu, copied over lamina/assets/demo-eagle when it beats the shipped one
 set -u
@@ -113,6 +114,14 @@ for step in "$@"; do
         spec-gate-batch) run spec-gate-batch python -m lamina.bench.spec --methods ngram,ngram-fixed --prompt-sets "" \
                              --new-tokens 256 --batch-sizes 1,8,32,128,256 --concurrency 8,32,128,256 --repeats 5 \
                              --result-file "$OUT/spec-gate-batch.json" ;;
+        kv-fp8)
+            run kv-fp8-check env PYTHONPATH=. python scripts/fp8_kv_gpu_check.py --result-file "$OUT/kv-fp8-check.json"
+            run kv-fp8-sweep env PYTHONPATH=. python scripts/fp8_kv_decode_sweep.py \
+                --result-file "$OUT/kv-fp8-decode-sweep.json"
+            for kv in auto fp8; do
+                run "w1-kv-$kv" python -m lamina.bench.offline --workload w1 --shape qwen3-0.6b --kv-cache-dtype "$kv" \
+                    --result-file "$OUT/w1-kv-$kv.json"
+            done ;;
         spec-gate-trace) run spec-gate-trace env PYTHONPATH=. python scripts/trace_spec_gate.py \
                              --result-file "$OUT/spec-gate-trace.json" ;;
         quant-engine) run quant-engine python -m lamina.bench.quant_speed --skip-kernels ;;

@@ -2,7 +2,10 @@
 
 A backend stores one step's K/V into the paged cache and attends over it:
 
-    forward(q [T, H, D], k [T, KV, D], v [T, KV, D], k_cache, v_cache, metadata, scale) -> [T, H, D]
+    forward(q [T, H, D], k [T, KV, D], v [T, KV, D], k_cache, v_cache, metadata, scale, kv_scales) -> [T, H, D]
+
+kv_scales: None for a cache in the model's dtype; (k_scale, v_scale), each [KV] float32, for an fp8 cache
+(stored: x / scale in e4m3; read: e4m3 * scale).
 
 "torch" is the pure-PyTorch reference (runs everywhere); "triton" is the fused-kernel backend
 (`triton_backend.py`), imported only when it is asked for, so that the package imports and runs on
@@ -23,11 +26,15 @@ from lamina.attention.metadata import AttentionMetadata
 logger = logging.getLogger(__name__)
 
 
+KVScales = tuple[torch.Tensor, torch.Tensor]
+
+
 class AttentionBackend(Protocol):
     name: str
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, metadata: AttentionMetadata, scale: float) -> torch.Tensor:
+                v_cache: torch.Tensor, metadata: AttentionMetadata, scale: float,
+                kv_scales: KVScales | None = None) -> torch.Tensor:
         ...
 
 
@@ -37,8 +44,9 @@ class TorchAttentionBackend:
     name = "torch"
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, metadata: AttentionMetadata, scale: float) -> torch.Tensor:
-        return torch_ref.forward(q, k, v, k_cache, v_cache, metadata, scale)
+                v_cache: torch.Tensor, metadata: AttentionMetadata, scale: float,
+                kv_scales: KVScales | None = None) -> torch.Tensor:
+        return torch_ref.forward(q, k, v, k_cache, v_cache, metadata, scale, kv_scales)
 
 
 _BACKENDS: dict[str, type] = {"torch": TorchAttentionBackend}

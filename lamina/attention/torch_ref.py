@@ -12,6 +12,9 @@ seq_lens[i] tokens in the cache after the store (cached prefix + its new tokens)
 
 which is what makes chunked prefill, prefix-cache hits and multi-token verification work.
 Scores and softmax run in float32; the output is cast back to the query dtype.
+
+An fp8 cache (kv_scales = (k_scale, v_scale), one float32 scale per KV head) stores
+e4m3(clamp(x / scale, +-448)) and is read back as float32(e4m3) * scale.
 """
 from __future__ import annotations
 
@@ -20,16 +23,32 @@ import torch.nn.functional as F
 
 from lamina.attention.metadata import AttentionMetadata
 
+KVScales = tuple[torch.Tensor, torch.Tensor]
+FP8_MAX = 448.0  # the largest finite e4m3 value
+
+
+def quantize_fp8(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x [T, KV, D] over its per-head scale [KV], clamped to the e4m3 range, cast (round to nearest even)."""
+    return (x.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(dtype)
+
+
+def dequantize(x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """[..., KV, D] entries read from the cache, in float32 (times the per-head scale for an fp8 cache)."""
+    return x.float() if scale is None else x.float() * scale[:, None]
+
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+             slot_mapping: torch.Tensor, kv_scales: KVScales | None = None) -> None:
     """Write k, v [T, num_kv_heads, head_dim] into the caches at `slot_mapping` [T]; slot -1 is skipped."""
     if slot_mapping.numel() and int(slot_mapping.min()) < 0:  # padding rows: drop them first
         keep = slot_mapping >= 0
         k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
-    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    for x, cache, scale in ((k, k_cache, None if kv_scales is None else kv_scales[0]),
+                            (v, v_cache, None if kv_scales is None else kv_scales[1])):
+        x = x.to(cache.dtype) if scale is None else quantize_fp8(x, scale, cache.dtype)
+        if cache.element_size() == 1:  # index_copy_ has no fp8 kernel on the CPU: copy the bytes
+            cache, x = cache.view(torch.uint8), x.view(torch.uint8)
+        cache.view(-1, *cache.shape[2:]).index_copy_(0, slot_mapping, x)
 
 
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, num_tokens: int) -> torch.Tensor:
@@ -50,11 +69,12 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
 
 
 def _prefill_one(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 block_table: torch.Tensor, seq_len: int, scale: float) -> torch.Tensor:
+                 block_table: torch.Tensor, seq_len: int, scale: float, kv_scales: KVScales | None) -> torch.Tensor:
     """One sequence with q [q_len, H, D] new tokens at the end of its seq_len context."""
     q_len = q.shape[0]
-    k = gather_kv(k_cache, block_table, seq_len)
-    v = gather_kv(v_cache, block_table, seq_len)
+    k_scale, v_scale = kv_scales or (None, None)
+    k = dequantize(gather_kv(k_cache, block_table, seq_len), k_scale)
+    v = dequantize(gather_kv(v_cache, block_table, seq_len), v_scale)
     query_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
     key_pos = torch.arange(seq_len, device=q.device)
     mask = key_pos[None, :] <= query_pos[:, None]  # [q_len, seq_len]
@@ -64,14 +84,16 @@ def _prefill_one(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 
 def _decode_batch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                  block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                  kv_scales: KVScales | None) -> torch.Tensor:
     """B sequences with one query token each (q [B, H, D]), batched over a padded gather."""
     block_size = k_cache.shape[1]
     max_len = int(seq_lens.max())
     num_blocks = -(-max_len // block_size)
     table = block_tables[:, :num_blocks].long()
-    k = k_cache[table].flatten(1, 2)[:, :max_len]  # [B, S, KV, D]
-    v = v_cache[table].flatten(1, 2)[:, :max_len]
+    k_scale, v_scale = kv_scales or (None, None)
+    k = dequantize(k_cache[table].flatten(1, 2)[:, :max_len], k_scale)  # [B, S, KV, D]
+    v = dequantize(v_cache[table].flatten(1, 2)[:, :max_len], v_scale)
     key_pos = torch.arange(max_len, device=q.device)
     mask = key_pos[None, :] < seq_lens[:, None].to(q.device)  # [B, S]
     out = _attend(q[:, :, None], k.transpose(1, 2), v.transpose(1, 2), mask[:, None, None], scale)
@@ -79,29 +101,30 @@ def _decode_batch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    metadata: AttentionMetadata, scale: float) -> torch.Tensor:
+                    metadata: AttentionMetadata, scale: float, kv_scales: KVScales | None = None) -> torch.Tensor:
     """Causal attention of q [T, num_heads, head_dim] over the paged cache -> [T, num_heads, head_dim]."""
     starts, seq_lens = metadata.query_start_loc_cpu, metadata.seq_lens_cpu
     decode = [i for i in range(metadata.num_seqs) if starts[i + 1] - starts[i] == 1]
     if len(decode) == metadata.num_seqs:  # a pure decode batch: no scatter into rows needed
-        out = _decode_batch(q, k_cache, v_cache, metadata.block_tables, metadata.seq_lens, scale)
+        out = _decode_batch(q, k_cache, v_cache, metadata.block_tables, metadata.seq_lens, scale, kv_scales)
         return out.to(q.dtype)
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     if decode:
         rows = torch.tensor([starts[i] for i in decode], device=q.device)
         index = torch.tensor(decode, device=metadata.block_tables.device)
         out[rows] = _decode_batch(q[rows], k_cache, v_cache, metadata.block_tables[index],
-                                  metadata.seq_lens[index], scale)
+                                  metadata.seq_lens[index], scale, kv_scales)
     for i in range(metadata.num_seqs):
         start, end = starts[i], starts[i + 1]
         if end - start > 1:
             out[start:end] = _prefill_one(q[start:end], k_cache, v_cache, metadata.block_tables[i],
-                                          seq_lens[i], scale)
+                                          seq_lens[i], scale, kv_scales)
     return out.to(q.dtype)
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-            v_cache: torch.Tensor, metadata: AttentionMetadata, scale: float) -> torch.Tensor:
+            v_cache: torch.Tensor, metadata: AttentionMetadata, scale: float,
+            kv_scales: KVScales | None = None) -> torch.Tensor:
     """Store this step's k, v, then attend: the whole backend contract in one call."""
-    store_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
-    return paged_attention(q, k_cache, v_cache, metadata, scale)
+    store_kv(k, v, k_cache, v_cache, metadata.slot_mapping, kv_scales)
+    return paged_attention(q, k_cache, v_cache, metadata, scale, kv_scales)

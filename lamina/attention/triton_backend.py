@@ -28,7 +28,8 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def supports(head_dim: int, dtype: torch.dtype) -> bool:
-    """Head dims 16..256 in steps of 16 (64, 80, 96, 128, 256, ...), in fp16 / bf16 / fp32."""
+    """Head dims 16..256 in steps of 16 (64, 80, 96, 128, 256, ...), in fp16 / bf16 / fp32 (the cache in the
+    same dtype or fp8 e4m3)."""
     return head_dim % 16 == 0 and 16 <= head_dim <= 256 and dtype in SUPPORTED_DTYPES
 
 
@@ -58,25 +59,26 @@ class TritonAttentionBackend:
         self._logged: set[tuple[int, torch.dtype]] = set()
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, metadata: AttentionMetadata, scale: float) -> torch.Tensor:
+                v_cache: torch.Tensor, metadata: AttentionMetadata, scale: float,
+                kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         if not self._use_kernels(q, k_cache):
-            return torch_ref.forward(q, k, v, k_cache, v_cache, metadata, scale)
-        store_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
+            return torch_ref.forward(q, k, v, k_cache, v_cache, metadata, scale, kv_scales)
+        store_kv(k, v, k_cache, v_cache, metadata.slot_mapping, kv_scales)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         args = (metadata.block_tables, metadata.seq_lens, metadata.query_start_loc)
         if metadata.max_query_len > DECODE_MAX_Q:
             prefill_attention(q, k_cache, v_cache, out, *args, metadata.max_query_len, scale,
-                              min_query_len=DECODE_MAX_Q + 1)
+                              min_query_len=DECODE_MAX_Q + 1, kv_scales=kv_scales)
         decode_max_q = plan_decode(metadata)
         if decode_max_q:
             splits = self.num_splits or choose_num_splits(metadata.max_seq_len, metadata.num_seqs,
                                                           k_cache.shape[2])
-            decode_attention(q, k_cache, v_cache, out, *args, decode_max_q, scale, splits)
+            decode_attention(q, k_cache, v_cache, out, *args, decode_max_q, scale, splits, kv_scales=kv_scales)
         return out
 
     def _use_kernels(self, q: torch.Tensor, k_cache: torch.Tensor) -> bool:
         head_dim = q.shape[-1]
-        if not supports(head_dim, q.dtype) or k_cache.dtype != q.dtype:
+        if not supports(head_dim, q.dtype) or k_cache.dtype not in (q.dtype, torch.float8_e4m3fn):
             key = (head_dim, k_cache.dtype)
             if key not in self._logged:
                 self._logged.add(key)

@@ -80,7 +80,7 @@ def make_llm(config_path: Path, args: argparse.Namespace, enforce_eager: bool = 
     return LLM(model=str(config_path), load_format="dummy", skip_tokenizer_init=True, dtype=args.dtype,
                device=args.device, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                max_num_batched_tokens=args.max_num_batched_tokens, enforce_eager=enforce_eager,
-               kv_cache_memory_bytes=args.kv_cache_memory_bytes)
+               kv_cache_memory_bytes=args.kv_cache_memory_bytes, kv_cache_dtype=args.kv_cache_dtype)
 
 
 def weight_bytes(llm: LLM) -> int:
@@ -190,6 +190,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-num-batched-tokens", type=int, default=None,
                         help="default: the engine's for the device")
     parser.add_argument("--max-model-len", type=int, default=None, help="default: the engine's")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="auto | fp8 (the engine argument)")
     args = parser.parse_args(argv)
     args.command = "python -m lamina.bench.offline " + " ".join(argv if argv is not None else sys.argv[1:])
     args.num_requests, args.max_len, args.w2_prompt_len, args.w2_new_tokens = 256, 1024, 128, 256

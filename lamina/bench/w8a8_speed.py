@@ -1,12 +1,13 @@
 """W8A8 speed (issue #13): FP8 and int8 W8A8 against bf16 on the Llama-3-8B shape, dummy weights, one process.
 
-    python -m lamina.bench.w8a8_speed [--schemes bf16,fp8,w8a8] [--result-file w8a8.json]   # one GPU, ~4 min
-    python -m lamina.bench.w8a8_speed --tiny                                                 # CPU, tiny model
+    python -m lamina.bench.w8a8_speed [--schemes bf16,fp8,w8a8,fp8+kv8] [--result-file w8a8.json]  # one GPU, ~5 min
+    python -m lamina.bench.w8a8_speed --tiny                                                         # CPU, tiny model
 
 Every linear layer but the LM head is quantized as `lamina quantize --method fp8|w8a8` writes it (weights
 per channel, activations per token at run time; llm-compressor's FP8_DYNAMIC / W8A8 leave lm_head alone too);
-load_format="dummy" fills the weights (fp8 / int8 values and positive scales). For each scheme, with the
-engine's defaults (`LLM(model)`: chunked prefill, CUDA graphs):
+load_format="dummy" fills the weights (fp8 / int8 values and positive scales); `fp8+kv8` adds the fp8 KV cache
+(kv_cache_dtype="fp8", scales calibrated at start-up). For each scheme, with the engine's defaults
+(`LLM(model)`: chunked prefill, CUDA graphs):
 
   prefill   --prefill-requests prompts of --prompt-len tokens (4,096), max_tokens 1, all submitted at once:
             prompt tokens / s (time to the last first token), after one warm-up request
@@ -31,7 +32,7 @@ import torch
 from lamina import LLM, SamplingParams
 from lamina.bench.offline import release_memory, run_w1, w1_requests, write_config
 
-SCHEMES = ("bf16", "fp8", "w8a8")
+SCHEMES = ("bf16", "fp8", "w8a8", "fp8+kv8")  # fp8+kv8: fp8 weights and the fp8 KV cache (kv_cache_dtype="fp8")
 BARS = {"prefill": 1.3, "w1": 1.15}
 
 
@@ -42,7 +43,7 @@ def scheme_config(shape: str, directory: Path, scheme: str) -> Path:
 
     path = write_config(shape, directory)
     if scheme != "bf16":
-        recipe = get_recipe(scheme)
+        recipe = get_recipe(scheme.removesuffix("+kv8"))
         config = json.loads(path.read_text())
         config["quantization_config"] = config_dict(recipe.weight_args(0), ["lm_head"], recipe.input_activations)
         path.write_text(json.dumps(config, indent=1))
@@ -67,7 +68,8 @@ def run_scheme(scheme: str, args: argparse.Namespace, workdir: Path) -> dict[str
     release_memory()
     start = time.perf_counter()
     llm = LLM(model=str(path), load_format="dummy", skip_tokenizer_init=True, dtype=args.dtype, device=args.device,
-              max_model_len=args.max_model_len, **args.engine)
+              max_model_len=args.max_model_len, kv_cache_dtype="fp8" if scheme.endswith("+kv8") else "auto",
+              **args.engine)
     result: dict[str, Any] = dict(scheme=scheme, startup_s=time.perf_counter() - start)
     model = llm.engine.executor.worker.model
     result["weight_gb"] = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9

@@ -38,11 +38,12 @@ MAX_SPLITS = 64
 # Per-step integers are not specialized on (== 1, % 16): one compiled kernel serves every batch.
 @triton.jit(do_not_specialize=["stride_tab", "num_seqs"])
 def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-                   table_ptr, seq_lens_ptr, qsl_ptr,
+                   table_ptr, seq_lens_ptr, qsl_ptr, k_scale_ptr, v_scale_ptr,
                    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
                    stride_tab, qk_scale, head_dim, num_heads, num_seqs,
                    GROUP: tl.constexpr, MAX_Q: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr):
+                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr,
+                   SCALED: tl.constexpr, F16_DOT: tl.constexpr):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -61,12 +62,16 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_
     q_rows = (q_start + tok).to(tl.int64)
     q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                 mask=row_ok[:, None] & dmask[None, :], other=0.0)
+    if F16_DOT:  # the dots in fp16 (decode_config); a query past fp16's range is clamped to it, not made inf
+        q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
     q_pos = seq_len - q_len + tok
     per_split = tl.cdiv(tl.cdiv(seq_len, BLOCK_N), num_splits) * BLOCK_N
     lo = split * per_split
     hi = tl.minimum(lo + per_split, seq_len)
     table_ptr += seq.to(tl.int64) * stride_tab
     kv_head_off = kv_head * stride_ch
+    if SCALED:  # an fp8 cache: e4m3 * scale, k_scale folded into the scores, v_scale into acc (linear)
+        qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -74,6 +79,8 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_
     acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, table_ptr, kv_head_off,
                                   stride_cb, stride_cs, lo, hi, q_pos, seq_len, qk_scale, offs_d, dmask,
                                   BLOCK_N, PAGE, True, PREC, True)
+    if SCALED:
+        acc = acc * tl.load(v_scale_ptr + kv_head)
     io_mask = row_ok[:, None] & dmask[None, :]
     if SPLIT:
         # partial index of (seq, tok, head, split) in [B, MAX_Q, H, num_splits]
@@ -115,11 +122,16 @@ def _reduce_kernel(out_ptr, part_acc_ptr, part_ml_ptr, qsl_ptr, stride_ot, strid
              mask=offs_d < head_dim)
 
 
-def decode_config(head_dim: int, dtype: torch.dtype) -> dict[str, int]:
+def decode_config(head_dim: int, dtype: torch.dtype, kv_dtype: torch.dtype | None = None) -> dict[str, int]:
     """Memory bound: what matters is bytes in flight per SM. 16-bit, D <= 128: K and V tiles of
-    64 x 128 x 2 = 16 KB each, 3 stages (96 KB); wider rows or fp32 halve BLOCK_N; fp32 keeps 2 stages."""
+    64 x 128 x 2 = 16 KB each, 3 stages (96 KB); wider rows or fp32 halve BLOCK_N; fp32 keeps 2 stages.
+    An fp8 cache holds twice the keys in the same bytes (BLOCK_N doubles) and, under 16-bit queries, takes
+    its dots in fp16: e4m3 -> fp16 is one conversion per pair, e4m3 -> bf16 goes through fp32, and the
+    conversions, not the bytes, bound the fp8 kernel (scripts/fp8_kv_decode_sweep.py)."""
     wide = dtype == torch.float32 or head_dim > 128
-    return dict(BLOCK_N=32 if wide else 64, num_warps=4, num_stages=2 if dtype == torch.float32 else 3)
+    fp8 = kv_dtype == torch.float8_e4m3fn
+    return dict(BLOCK_N=(32 if wide else 64) * (2 if fp8 else 1), num_warps=4,
+                num_stages=2 if dtype == torch.float32 else 3, F16_DOT=int(fp8 and dtype != torch.float32))
 
 
 def choose_num_splits(max_seq_len: int, num_seqs: int, num_kv_heads: int, target_programs: int = 512,
@@ -136,12 +148,14 @@ def choose_num_splits(max_seq_len: int, num_seqs: int, num_kv_heads: int, target
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
                      block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                      max_query_len: int, scale: float, num_splits: int,
-                     config: dict[str, int] | None = None) -> None:
+                     config: dict[str, int] | None = None,
+                     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """Causal attention over the paged cache for every sequence with q_len <= max_query_len, written
     into out [T, H, D] (the rows of longer sequences are left untouched).
 
     `num_splits` programs share each (sequence, kv head); `config` overrides entries of
-    `decode_config` (BLOCK_N, num_warps, num_stages)."""
+    `decode_config` (BLOCK_N, num_warps, num_stages); kv_scales: (k_scale, v_scale) [KV] float32 for an
+    fp8 cache."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     num_seqs = seq_lens.shape[0]
@@ -157,15 +171,16 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                            dtype=torch.float32)
     part_ml = q.new_empty((2, num_seqs, max_query_len, num_heads, num_splits) if split else (1,),
                           dtype=torch.float32)
+    k_scale, v_scale = kv_scales or (seq_lens, seq_lens)  # unread when not SCALED
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, out, part_acc, part_ml, block_tables, seq_lens, query_start_loc,
+        q, k_cache, v_cache, out, part_acc, part_ml, block_tables, seq_lens, query_start_loc, k_scale, v_scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         scale * LOG2E, head_dim, num_heads, num_seqs,
         GROUP=group, MAX_Q=max_query_len, PAGE=k_cache.shape[1],
         BLOCK_M=max(16, triton.next_power_of_2(max_query_len * group)),
-        BLOCK_D=block_d, SPLIT=split, PREC=dot_precision(q.dtype),
-        **{**decode_config(head_dim, q.dtype), **(config or {})})
+        BLOCK_D=block_d, SPLIT=split, PREC=dot_precision(q.dtype), SCALED=kv_scales is not None,
+        **{**decode_config(head_dim, q.dtype, k_cache.dtype), **(config or {})})
     if split:
         _reduce_kernel[(num_seqs, max_query_len, num_heads)](
             out, part_acc, part_ml, query_start_loc, out.stride(0), out.stride(1),

@@ -21,6 +21,9 @@ A key position p is read from  cache[block_tables[b, p // PAGE], p % PAGE, kv_he
 gathered per tile row, so any page size works). Softmax is online, in float32 and base 2
 (scores * scale * log2 e); the first tile holds key 0, which every row sees, so the running max is
 finite from the first step on and no row ever divides by zero.
+
+An fp8 cache (SCALED) is read as e4m3 * scale, one scale per KV head: tiles are cast to the query dtype
+for the dots, k_scale is folded into the score scale and v_scale into the output (a program sees one KV head).
 """
 from __future__ import annotations
 
@@ -55,7 +58,7 @@ def attend_tiles(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, table_ptr, kv_head_
         pos, off = paged_kv_offsets(table_ptr, start, seq_len, kv_head_off, stride_cb, stride_cs,
                                     BLOCK_N, PAGE)
         kv_mask = (pos < seq_len)[:, None] & dmask[None, :]
-        k = tl.load(k_cache_ptr + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        k = tl.load(k_cache_ptr + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         if MASK:
             keep = (pos[None, :] <= q_pos[:, None]) & (pos < seq_len)[None, :]
@@ -65,7 +68,7 @@ def attend_tiles(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, table_ptr, kv_head_
         alpha = tl.math.exp2(m_i - m_ref)
         p = tl.math.exp2(qk - m_ref[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         m_i = m_new
     return acc, l_i, m_i
@@ -73,10 +76,11 @@ def attend_tiles(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, table_ptr, kv_head_
 
 @triton.jit(do_not_specialize=["stride_tab"])  # the block-table width changes every step
 def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, table_ptr, seq_lens_ptr, qsl_ptr,
+                    k_scale_ptr, v_scale_ptr,
                     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
                     stride_tab, qk_scale, head_dim, min_query_len,
                     GROUP: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr):
+                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr, SCALED: tl.constexpr):
     head = tl.program_id(0)
     # last query tiles first: they see the most keys, so the long programs start early (less tail)
     m_start = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK_M
@@ -97,6 +101,8 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, table_ptr, seq_len
     q_pos = ctx_start + offs_m
     table_ptr += seq.to(tl.int64) * stride_tab
     kv_head_off = (head // GROUP) * stride_ch
+    if SCALED:
+        qk_scale = qk_scale * tl.load(k_scale_ptr + head // GROUP)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -109,6 +115,8 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, table_ptr, seq_len
                                   stride_cb, stride_cs, full_end, mask_end, q_pos, seq_len, qk_scale,
                                   offs_d, dmask, BLOCK_N, PAGE, True, PREC, False)
     out = acc / l_i[:, None]
+    if SCALED:
+        out = out * tl.load(v_scale_ptr + head // GROUP)
     tl.store(out_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dmask[None, :])
 
@@ -121,11 +129,13 @@ def dot_precision(dtype: torch.dtype) -> str:
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
                       block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                       max_query_len: int, scale: float, min_query_len: int = 1,
-                      config: dict[str, int] | None = None) -> None:
+                      config: dict[str, int] | None = None,
+                      kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """Causal attention of q [T, H, D] over the paged cache into out [T, H, D], for every sequence
     with q_len >= min_query_len (the rows of the others are left untouched).
 
-    `config` overrides entries of `prefill_config` (BLOCK_M, BLOCK_N, num_warps, num_stages)."""
+    `config` overrides entries of `prefill_config` (BLOCK_M, BLOCK_N, num_warps, num_stages); kv_scales:
+    (k_scale, v_scale) [KV] float32 for an fp8 cache."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     num_seqs = seq_lens.shape[0]
@@ -135,10 +145,12 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     assert k_cache.stride() == v_cache.stride() and block_tables.stride(1) == 1
     cfg = {**prefill_config(head_dim, q.dtype, max_query_len), **(config or {})}
     grid = (num_heads, triton.cdiv(max_query_len, cfg["BLOCK_M"]), num_seqs)
+    k_scale, v_scale = kv_scales or (seq_lens, seq_lens)  # unread when not SCALED
     _prefill_kernel[grid](
-        q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
+        q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc, k_scale, v_scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         scale * LOG2E, head_dim, min_query_len,
         GROUP=num_heads // num_kv_heads, PAGE=k_cache.shape[1],
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), PREC=dot_precision(q.dtype), **cfg)
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), PREC=dot_precision(q.dtype),
+        SCALED=kv_scales is not None, **cfg)

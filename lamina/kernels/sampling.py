@@ -19,6 +19,8 @@ less likely than j. So the program samples by rejection (exact):
 The accepted j is distributed as softmax restricted to the kept set: each draw is from that
 distribution restricted to a superset of it, and rejections only drop tokens outside it. The top token
 is always accepted (M = 0), so the loop ends; with top_p 0.95 it almost always ends in the first round.
+A row with no finite logit (Z = 0: all -inf, or NaN) has no top token to accept: the loop also ends when a
+draw is not above the pivot, and such a row gets an arbitrary token instead of spinning the GPU forever.
 Noise g = -log(-log(u)), u from Philox keyed by the row's seed, at a counter fixed by the round and the
 column: a row's tokens depend only on its seed, never on the batch. A row with temperature 0 is greedy (argmax).
 
@@ -134,7 +136,8 @@ def _sample_kernel(logits_ptr, stride_row, temperature_ptr, top_p_ptr, min_p_ptr
     if top_p < 1.0:
         x_j = tl.load(row_ptr + j).to(tl.float32) * scale
         rejected = _mass_above(row_ptr, scale, x_j, m, vocab, BLOCK) >= top_p * z
-        while rejected:
+        # a draw not above the pivot means nothing was left to draw (a row of -inf or NaN logits): stop there
+        while rejected & (x_j > pivot):
             pivot = x_j
             round_idx += 1
             j = _gumbel_argmax(row_ptr, scale, kth, floor_x, pivot, seed, noise, round_idx, vocab, BLOCK)

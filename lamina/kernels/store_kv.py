@@ -9,6 +9,8 @@ of two and masked, so any head count / head_dim works).
 
     slot = slot_mapping[t]            block = slot // block_size    offset = slot % block_size
     k_cache[block, offset, :, :] = k[t, :, :]      (cast to the cache dtype; int64 offsets)
+
+An fp8 cache (SCALED) stores e4m3(clamp(k[t, h, :] / k_scale[h], +-448)), as lamina.attention.torch_ref does.
 """
 from __future__ import annotations
 
@@ -17,13 +19,15 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+FP8_MAX = tl.constexpr(448.0)  # the largest finite e4m3 value
+
 
 @triton.jit
-def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
                      stride_kt, stride_kh, stride_vt, stride_vh,
                      stride_cb, stride_cs, stride_ch,
                      block_size, num_kv_heads, head_dim,
-                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SCALED: tl.constexpr):
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token).to(tl.int64)
     if slot < 0:
@@ -35,6 +39,12 @@ def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
     mask = (h < num_kv_heads) & (d < head_dim)
     k = tl.load(k_ptr + token * stride_kt + h * stride_kh + d, mask=mask)
     v = tl.load(v_ptr + token * stride_vt + h * stride_vh + d, mask=mask)
+    if SCALED:
+        heads = tl.arange(0, BLOCK_H)
+        k_scale = tl.load(k_scale_ptr + heads, mask=heads < num_kv_heads, other=1.0)
+        v_scale = tl.load(v_scale_ptr + heads, mask=heads < num_kv_heads, other=1.0)
+        k = tl.clamp(k.to(tl.float32) / k_scale[:, None], -FP8_MAX, FP8_MAX)
+        v = tl.clamp(v.to(tl.float32) / v_scale[:, None], -FP8_MAX, FP8_MAX)
     dst = block * stride_cb + offset * stride_cs + h * stride_ch + d
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
@@ -46,8 +56,9 @@ def kernels_interpreted() -> bool:
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """Write k, v [T, num_kv_heads, head_dim] into the caches at `slot_mapping` [T]; slot -1 is skipped."""
+             slot_mapping: torch.Tensor, kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """Write k, v [T, num_kv_heads, head_dim] into the caches at `slot_mapping` [T]; slot -1 is skipped.
+    kv_scales: (k_scale, v_scale) [num_kv_heads] float32 for an fp8 cache."""
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return
@@ -55,10 +66,11 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1, "caches must share a layout"
     assert slot_mapping.shape == (num_tokens,), "slot_mapping must be [T]"
     tile = num_kv_heads * head_dim
+    k_scale, v_scale = kv_scales or (slot_mapping, slot_mapping)  # unread when not SCALED
     _store_kv_kernel[(num_tokens,)](
-        k, v, k_cache, v_cache, slot_mapping,
+        k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         k_cache.shape[1], num_kv_heads, head_dim,
         BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
-        num_warps=1 if tile <= 256 else (4 if tile <= 2048 else 8))
+        SCALED=kv_scales is not None, num_warps=1 if tile <= 256 else (4 if tile <= 2048 else 8))

@@ -7,11 +7,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lamina.attention.layer import Attention
+from lamina.attention.layer import FP8_KV_DTYPE, Attention
 from lamina.config import ModelArch
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 MIN_NUM_BLOCKS = 2  # the null block plus at least one usable block
+
+
+def resolve_kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """CacheConfig.kv_cache_dtype as a torch dtype: "auto" is the model's, "fp8" / "fp8_e4m3" e4m3."""
+    return model_dtype if kv_cache_dtype == "auto" else FP8_KV_DTYPE
 
 
 def kv_cache_bytes_per_block(arch: ModelArch, block_size: int, dtype: torch.dtype) -> int:

@@ -39,6 +39,9 @@ def quant_method(quant_config: QuantConfig | None, layer: type, prefix: str) -> 
     return None if quant_config is None else quant_config.get_quant_method(layer, prefix)
 
 
+KV_SCALE_NAMES = ("self_attn.k_scale", "self_attn.v_scale")  # an fp8 KV cache's per-head scales (optional)
+
+
 class DecoderAttention(nn.Module):
     """Fused qkv projection (+ optional bias, optional per-head q/k RMSNorm), RoPE, paged attention."""
 
@@ -224,6 +227,14 @@ class CausalLM(nn.Module):
         tied_head = self.arch.tie_word_embeddings and name == "lm_head.weight"
         return tied_head or name.endswith(self.ignored_weight_suffixes)
 
+    def _load_kv_scale(self, name: str, tensor: torch.Tensor) -> None:
+        """self_attn.k_scale / v_scale: an fp8 KV cache's scales, optional (Attention.load_kv_scale)."""
+        module, _, which = name.rpartition(".")
+        try:
+            self.get_submodule(f"{module}.attn").load_kv_scale(which, tensor)
+        except (AttributeError, ValueError) as exc:
+            raise ValueError(f"checkpoint tensor {name!r}: {exc}") from None
+
     def _target(self, name: str) -> tuple[str, str | int | None]:
         """Checkpoint name -> (parameter name, shard id or None)."""
         for fused, part, shard_id in self.stacked_params_mapping:
@@ -251,6 +262,10 @@ class CausalLM(nn.Module):
         unexpected: list[str] = []
         for name, tensor in weights:
             if self._is_ignored(name):
+                continue
+            if name.endswith(KV_SCALE_NAMES):
+                self._load_kv_scale(name, tensor)
+                loaded.add(name)
                 continue
             param_name, shard_id = self._target(name)
             param = params.get(param_name)

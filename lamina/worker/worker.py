@@ -25,7 +25,9 @@ from lamina.config import DEFAULT_CPU_KV_BYTES, EngineConfig, ModelArch
 from lamina.device import resolve_device, resolve_dtype
 from lamina.distributed.parallel_state import SINGLE, TensorParallelGroup, building
 from lamina.kernels import compile_counter
-from lamina.kv.cache import allocate_kv_caches, attention_layers, bind_kv_caches, kv_cache_bytes_per_block
+from lamina.kv.cache import (allocate_kv_caches, attention_layers, bind_kv_caches, kv_cache_bytes_per_block,
+                             resolve_kv_dtype)
+from lamina.kv.fp8_scales import calibrate_kv_scales
 from lamina.loader.hf_config import check_model_len
 from lamina.loader.model_loader import load_model
 from lamina.step import SchedulerOutput
@@ -60,10 +62,13 @@ class Worker:
         self.device = device if device is not None else resolve_device(config.device)
         self.dtype = resolve_dtype(config.model_config.dtype, arch, self.device)
         cache = config.cache_config
+        self.kv_dtype = resolve_kv_dtype(cache.kv_cache_dtype, self.dtype)  # the target's; a draft keeps its own
         with building(group):
             self.model = load_model(config.model_config.model, arch, self.dtype, self.device,
                                     load_format=config.model_config.load_format,
                                     attention_backend=config.attention_backend)
+        if self.kv_dtype != self.dtype:  # an fp8 cache: the scales the checkpoint lacks, measured now
+            calibrate_kv_scales(self.model, self.rank_arch, self.dtype, self.device)
         self.runner = ModelRunner(self.model, cache.block_size, arch.vocab_size, self.device,
                                   config.model_config.seed)
         spec = config.speculative_config
@@ -84,13 +89,13 @@ class Worker:
         self.num_blocks = num_blocks
         self.max_model_len = self._max_model_len()
         check_model_len(self.arch, self.max_model_len)
-        bind_kv_caches(self.model, allocate_kv_caches(self.rank_arch, num_blocks, cache.block_size, self.dtype,
+        bind_kv_caches(self.model, allocate_kv_caches(self.rank_arch, num_blocks, cache.block_size, self.kv_dtype,
                                                       self.device))
         if self.proposer is not None:
             self.proposer.bind_cache(num_blocks, cache.block_size)
         logger.info("KV cache: %d blocks of %d tokens (%d tokens), max_model_len %d, %s on %s",
                     num_blocks, cache.block_size, self.kv_capacity_tokens, self.max_model_len,
-                    self.dtype, self.device)
+                    self.kv_dtype, self.device)
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -145,7 +150,7 @@ class Worker:
         """The target's KV bytes per block, and the proposer's own (a draft model's) under the same block id."""
         block_size = self.config.cache_config.block_size
         own = self.proposer.kv_bytes_per_block(block_size) if self.proposer is not None else 0
-        return kv_cache_bytes_per_block(self.rank_arch, block_size, self.dtype) + own
+        return kv_cache_bytes_per_block(self.rank_arch, block_size, self.kv_dtype) + own
 
     def _capture_graphs(self, max_num_seqs: int) -> CudaGraphRunner | None:
         """Capture decode steps (and verify steps, when drafting) on CUDA with the Triton kernels (unless

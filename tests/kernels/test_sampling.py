@@ -6,6 +6,8 @@ cases draw 600 samples; the bound still rejects the nearby wrong distribution of
 """
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -134,3 +136,22 @@ def test_the_runner_picks_the_path_and_keyed_rows_need_no_generators() -> None:
         metadata_for(seeded, {}, 8, CPU)
     keyed = metadata_for(seeded, {}, 8, CPU, philox_keys([seeded[0].sampling_params.seed], [5], step_key=1))
     assert keyed.generators == {} and keyed.seeds is not None
+
+
+@pytest.mark.parametrize("value", [float("-inf"), float("nan")])
+def test_top_p_ends_on_a_row_with_no_finite_logit(value: float) -> None:
+    """A row of -inf (or NaN) logits has no top token to accept: the rejection loop must still end (it spun
+    forever on the GPU when an engine's warm-up sampled the garbage of a skipped kernel), with a token id in
+    range; the finite rows beside it are unaffected."""
+    logits = torch.randn(3, 20)
+    logits[1] = value
+    done: list[torch.Tensor] = []
+    worker = threading.Thread(target=lambda: done.append(
+        sampling.sample(logits, full(1.0, 3), keys(3), top_p=full(0.9, 3), block_v=8)), daemon=True)
+    worker.start()
+    worker.join(timeout=120)
+    assert done, "the sampling kernel did not end"
+    tokens = done[0]
+    assert ((tokens >= 0) & (tokens < 20)).all()
+    alone = sampling.sample(logits[[0, 2]], full(1.0, 2), keys(3)[[0, 2]], top_p=full(0.9, 2), block_v=8)
+    assert tokens[[0, 2]].tolist() == alone.tolist()
