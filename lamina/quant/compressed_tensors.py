@@ -26,6 +26,15 @@ and vLLM ignore (they serve the checkpoint as the W8A16 it also is):
 
     "quantization_config": {..., "lamina_llm_int8": {"threshold": 6.0}}
 
+An fp8 KV cache's static scales (llm-compressor's `kv_cache_scheme`; with no config_groups the checkpoint holds
+only them):
+
+    "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor" | "attn_head", "dynamic": false,
+                        "symmetric": true}
+    model.layers.N.self_attn.k_scale / v_scale   float [1] or [num_kv_heads, 1, 1]   (x = e4m3 * scale)
+
+They are used when the engine runs with kv_cache_dtype="fp8" (as in vLLM), read and unused otherwise.
+
 Anything else is a ValueError naming the field, never a silent fallback.
 """
 from __future__ import annotations
@@ -113,11 +122,33 @@ def _scheme(name: str, raw: Any, default_layout: str | None) -> QuantScheme:
         raise ValueError(f"{what}.{exc}") from None
 
 
+_KV_STRATEGIES = ("tensor", "attn_head")  # one scale per layer, or one per KV head
+
+
+def _kv_cache_scheme(raw: Any) -> str | None:
+    """`kv_cache_scheme` -> "fp8" (static e4m3 scales, self_attn.k_scale / v_scale in the checkpoint) or None."""
+    what = "quantization_config.kv_cache_scheme"
+    if raw in _EMPTY:
+        return None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{what}: expected a JSON object, got {raw!r}")
+    wanted = {"type": ("float",), "num_bits": (8,), "symmetric": (True,), "dynamic": (False,),
+              "strategy": _KV_STRATEGIES}
+    for key, allowed in wanted.items():
+        if raw.get(key) not in allowed:
+            raise ValueError(f"{what}.{key}: lamina reads static symmetric fp8 (e4m3) KV scales, per tensor or per "
+                             f"KV head; allowed: {list(allowed)}, got {raw.get(key)!r}")
+    if raw.get("group_size") not in (None, -1):
+        raise ValueError(f"{what}.group_size: not supported for the KV cache, got {raw['group_size']!r}")
+    return "fp8"
+
+
 def parse_config(raw: dict[str, Any]) -> QuantConfig:
     """A compressed-tensors `quantization_config` -> QuantConfig; ValueError naming what is not supported."""
-    for key in ("sparsity_config", "transform_config", "kv_cache_scheme"):
+    for key in ("sparsity_config", "transform_config"):
         if raw.get(key) not in _EMPTY:
             raise ValueError(f"quantization_config.{key}: not supported yet, got {raw[key]!r}")
+    kv_cache_scheme = _kv_cache_scheme(raw.get("kv_cache_scheme"))
     status = raw.get("quantization_status", "compressed")
     if status != "compressed":
         raise ValueError(f"quantization_config.quantization_status: only 'compressed' checkpoints are read, "
@@ -125,7 +156,9 @@ def parse_config(raw: dict[str, Any]) -> QuantConfig:
     top_format = raw.get("format")
     default = top_format if top_format in LAYOUTS else None  # "mixed-precision": each group names its own
     groups = raw.get("config_groups")
-    if not groups or not isinstance(groups, dict):
+    if kv_cache_scheme is not None and groups in _EMPTY:
+        groups = {}  # the KV cache's scales only: every linear stays in the model's dtype
+    elif not groups or not isinstance(groups, dict):
         raise ValueError("quantization_config.config_groups: expected a non-empty JSON object")
     schemes = tuple(_scheme(name, group, default) for name, group in groups.items())
     ignore = raw.get("ignore") or []
@@ -135,7 +168,8 @@ def parse_config(raw: dict[str, Any]) -> QuantConfig:
     if marker is not None and (not isinstance(marker, dict) or "threshold" not in marker):
         raise ValueError(f"quantization_config.{LLM_INT8_KEY}: expected {{'threshold': <number>}}, got {marker!r}")
     return QuantConfig(quant_method=QUANT_METHOD, schemes=schemes, ignore=tuple(ignore),
-                       llm_int8_threshold=None if marker is None else marker["threshold"])
+                       llm_int8_threshold=None if marker is None else marker["threshold"],
+                       kv_cache_scheme=kv_cache_scheme)
 
 
 def weights_dict(args: WeightQuantArgs) -> dict[str, Any]:

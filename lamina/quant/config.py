@@ -114,6 +114,7 @@ class QuantConfig:
     schemes: tuple[QuantScheme, ...]
     ignore: tuple[str, ...] = ()
     llm_int8_threshold: float | None = None  # lamina's LLM.int8() marker (lamina/quant/llm_int8.py)
+    kv_cache_scheme: str | None = None  # "fp8": the checkpoint carries static fp8 KV scales (self_attn.k_scale)
 
     def __post_init__(self) -> None:
         if self.llm_int8_threshold is None:

@@ -69,6 +69,9 @@ class Worker:
                                     attention_backend=config.attention_backend)
         if self.kv_dtype != self.dtype:  # an fp8 cache: the scales the checkpoint lacks, measured now
             calibrate_kv_scales(self.model, self.rank_arch, self.dtype, self.device)
+        elif any(layer.kv_scales_loaded for layer in attention_layers(self.model)):
+            logger.info("the checkpoint carries fp8 KV cache scales: kv_cache_dtype='fp8' would use them; "
+                        "the cache is in %s (kv_cache_dtype=%r)", self.dtype, cache.kv_cache_dtype)
         self.runner = ModelRunner(self.model, cache.block_size, arch.vocab_size, self.device,
                                   config.model_config.seed)
         spec = config.speculative_config

@@ -48,7 +48,7 @@ def test_lamina_config_round_trips():
     ("config_groups.group_0.format", "int-quantized", r"'int-quantized' does not fit a scheme without input_act"),
     ("config_groups.group_0.format", "marlin-24", r"format: 'marlin-24' is not supported"),
     ("config_groups.group_0.targets", [], r"targets: expected a non-empty list"),
-    ("kv_cache_scheme", {"num_bits": 8}, r"kv_cache_scheme: not supported"),
+    ("kv_cache_scheme", {"num_bits": 8}, r"kv_cache_scheme.type: lamina reads static symmetric fp8"),
     ("quantization_status", "frozen", r"quantization_status: only 'compressed'"),
     ("config_groups", {}, r"config_groups: expected a non-empty"),
 ])
