@@ -32,7 +32,8 @@ _HELP = {
     "block_size": "tokens per KV cache block",
     "num_kv_blocks": "KV cache size in blocks (wins over --kv-cache-memory-bytes)",
     "kv_cache_memory_bytes": "KV cache size in bytes (default on CPU: 1 GiB)",
-    "kv_cache_dtype": "auto | fp8 (e4m3 K/V, half the bytes: per-head scales from the checkpoint, else 1.0)",
+    "kv_cache_dtype": "auto | fp8 (e4m3 K/V, one byte an element: per-head scales from the checkpoint, else "
+                      "measured at start-up)",
     "enable_prefix_caching": "reuse the KV of shared prompt prefixes (radix tree over blocks)",
     "max_num_batched_tokens": "token budget of one engine step (longer prompts are chunked)",
     "max_num_seqs": "most requests running at once",
