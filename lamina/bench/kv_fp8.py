@@ -6,13 +6,20 @@ Accuracy, on the demo model (or --model): the held-out text `lamina quantize` ev
 (lamina/quantize/data/heldout_python.jsonl), cut into 128-token windows, scored by the engine itself
 (prompt_logprobs, so the cache is written and read as in serving): perplexity, and the mean |difference| of the
 per-token log-probabilities; greedy continuations of the spec bench's 24 prompts, 64 tokens: how many tokens
-before the first difference. KV capacity: blocks for the same kv_cache_memory_bytes. Speed is W1's
+before the first difference; for three sets of scales: measured at start-up on random tokens (the default), in
+the checkpoint from the calibration text (`lamina quantize --kv-cache-scheme fp8`'s rule), and all 1.0. KV
+capacity: blocks for the same kv_cache_memory_bytes. Speed is W1's
 (`python -m lamina.bench.offline --workload w1 --kv-cache-dtype fp8`). Prints a table last, writes JSON.
 """
 from __future__ import annotations
 
 import math
+import shutil
 import sys
+import tempfile
+from pathlib import Path
+
+import torch
 
 from lamina import LLM, SamplingParams
 from lamina.bench.cpu_report import cpu_bench_parser, run_info, write_report
@@ -62,20 +69,46 @@ def compare(base: dict, fp8: dict) -> dict:
             "kv_blocks_auto": base["kv_blocks"], "kv_blocks_fp8": fp8["kv_blocks"]}
 
 
+def scaled_copies(model: str, root: Path) -> dict[str, str]:
+    """The model with KV scales in its checkpoint: measured on `lamina quantize`'s default calibration text, and
+    all 1.0 (what an fp8 cache without scales would store)."""
+    from lamina.loader.hf_config import load_model_arch
+    from lamina.loader.tokenizer import Tokenizer
+    from lamina.quantize.calibration import (DEFAULT_CALIB_TEXT, DEFAULT_NUM_SAMPLES, DEFAULT_SEQ_LEN,
+                                             calibration_sequences, read_calib_texts)
+    from lamina.quantize.kv_scales import add_kv_scales, write_kv_scales
+
+    arch = load_model_arch(model)
+    text, ones = root / "text", root / "ones"
+    for path in (text, ones):
+        shutil.copytree(model, path)
+    sequences = calibration_sequences(read_calib_texts(DEFAULT_CALIB_TEXT), Tokenizer.from_pretrained(model),
+                                      DEFAULT_NUM_SAMPLES, min(DEFAULT_SEQ_LEN, arch.max_position_embeddings))
+    add_kv_scales(str(text), sequences)
+    unit = torch.ones(arch.num_key_value_heads)
+    write_kv_scales(str(ones), {f"model.layers.{i}.self_attn": (unit, unit) for i in range(arch.num_hidden_layers)})
+    return {"scales measured at start-up (random tokens)": model,
+            "scales measured on calibration text (lamina quantize --kv-cache-scheme fp8)": str(text),
+            "every scale 1.0": str(ones)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = cpu_bench_parser(__doc__)
     parser.add_argument("--windows", type=int, default=64, help="held-out windows of 128 tokens to score")
     args = parser.parse_args(argv)
     base = measure(args.model, "auto", None, args.windows)
-    fp8 = measure(args.model, "fp8", base["windows"], args.windows)
-    result = compare(base, fp8)
+    with tempfile.TemporaryDirectory() as root:
+        variants = {name: compare(base, measure(path, "fp8", base["windows"], args.windows))
+                    for name, path in scaled_copies(args.model, Path(root)).items()}
     report = {"workload": "fp8 KV cache against the model's dtype: held-out perplexity, greedy agreement",
-              "model": args.model, **run_info(), "results": result}
-    print(f"held-out tokens {result['tokens_scored']}: perplexity {result['ppl_auto']:.4f} (auto) -> "
-          f"{result['ppl_fp8']:.4f} (fp8, {result['ppl_fp8'] / result['ppl_auto'] - 1:+.2%}); mean |d logprob| "
-          f"{result['mean_abs_logprob_diff']:.4f}; greedy {CONTINUATION} tokens identical on "
-          f"{result['greedy_identical']} of {result['greedy_prompts']} prompts; KV blocks "
-          f"{result['kv_blocks_auto']} -> {result['kv_blocks_fp8']}")
+              "model": args.model, **run_info(), "results": variants}
+    first = next(iter(variants.values()))
+    print(f"held-out tokens {first['tokens_scored']}, perplexity {first['ppl_auto']:.4f} with the model's dtype "
+          f"({first['kv_blocks_auto']} KV blocks; fp8: {first['kv_blocks_fp8']})")
+    print(f"{'fp8 KV cache':78s} {'perplexity':>10s} {'vs auto':>8s} {'mean |d lp|':>11s} {'greedy same':>11s}")
+    for name, row in variants.items():
+        print(f"{name:78s} {row['ppl_fp8']:10.4f} {row['ppl_fp8'] / row['ppl_auto'] - 1:+8.2%} "
+              f"{row['mean_abs_logprob_diff']:11.4f} {row['greedy_identical']:>5d} / {row['greedy_prompts']}")
     write_report(args.result_file, report)
     return 0
 

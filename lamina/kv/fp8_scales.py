@@ -1,4 +1,5 @@
-"""Per-head scales of an fp8 KV cache, measured at start-up for the layers whose checkpoint has none.
+"""Per-head scales of an fp8 KV cache, measured at start-up for the layers whose checkpoint has none (and by
+`lamina quantize --kv-cache-scheme fp8` on text, lamina/quantize/kv_scales.py).
 
 e4m3 holds |x| up to 448 with 3 mantissa bits down to 2^-6, then subnormals down to 2^-9: stored unscaled, the
 K / V of a model whose values sit near 0.01 lose most of their bits (a tiny random Llama: 53 of 144 greedy tokens
@@ -14,6 +15,7 @@ import logging
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from lamina.attention.layer import Attention
 from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
@@ -34,14 +36,31 @@ def needs_calibration(model: nn.Module) -> list[Attention]:
     return [layer for layer in attention_layers(model) if not layer.kv_scales_loaded]
 
 
-@torch.inference_mode()
 def calibrate_kv_scales(model: nn.Module, arch: ModelArch, dtype: torch.dtype, device: torch.device,
                         seed: int = 0) -> int:
-    """Measure and set the scales of the layers `needs_calibration` names; returns how many. Leaves the model's
-    attention layers bound to a temporary cache: bind the real one after."""
+    """Measure and set the scales of the layers `needs_calibration` names, over CALIB_SEQUENCES sequences of
+    random token ids; returns how many layers. Leaves the model's attention layers bound to a temporary cache:
+    bind the real one after."""
     layers = needs_calibration(model)
     if not layers:
         return 0
+    n = min(CALIB_TOKENS, arch.max_position_embeddings)
+    generator = torch.Generator().manual_seed(seed)
+    sequences = [torch.randint(0, arch.vocab_size, (n,), generator=generator).tolist()
+                 for _ in range(CALIB_SEQUENCES)]
+    measure_kv_scales(model, layers, arch, dtype, device, sequences)
+    logger.info("fp8 KV cache: per-head scales of %d layer(s) measured at start-up (the checkpoint has none)",
+                len(layers))
+    return len(layers)
+
+
+@torch.inference_mode()
+def measure_kv_scales(model: nn.Module, layers: list[Attention], arch: ModelArch, dtype: torch.dtype,
+                      device: torch.device, sequences: list[list[int]], progress: bool = False) -> None:
+    """Set each of `layers`' k_scale / v_scale to HEADROOM * max |x| / FP8_MAX per KV head, the max over the K / V
+    the model computes for `sequences` (each run alone, over a temporary cache in `dtype`, bound to the model's
+    attention layers afterwards: bind the real one after). `lamina quantize --kv-cache-scheme` runs it on text,
+    with a progress bar over the sequences when `progress`."""
     amax = {id(layer): torch.zeros(2, layer.num_kv_heads, device=device) for layer in layers}
 
     def observe(module: nn.Module, args: tuple, output: torch.Tensor) -> None:  # noqa: ARG001 - a forward hook
@@ -51,7 +70,7 @@ def calibrate_kv_scales(model: nn.Module, arch: ModelArch, dtype: torch.dtype, d
 
     hooks = [layer.register_forward_hook(observe) for layer in layers]
     try:
-        _run(model, arch, dtype, device, torch.Generator().manual_seed(seed))
+        _run(model, arch, dtype, device, sequences, progress)
     finally:
         for hook in hooks:
             hook.remove()
@@ -59,26 +78,23 @@ def calibrate_kv_scales(model: nn.Module, arch: ModelArch, dtype: torch.dtype, d
         k, v = (HEADROOM * amax[id(layer)].clamp(min=1e-6) / FP8_MAX).unbind(0)
         layer.k_scale.copy_(k)
         layer.v_scale.copy_(v)
-    logger.info("fp8 KV cache: per-head scales of %d layer(s) measured at start-up (the checkpoint has none)",
-                len(layers))
-    return len(layers)
 
 
 def _run(model: nn.Module, arch: ModelArch, dtype: torch.dtype, device: torch.device,
-         generator: torch.Generator) -> None:
-    """CALIB_SEQUENCES forwards of CALIB_TOKENS random token ids, each over a fresh temporary cache."""
-    n = min(CALIB_TOKENS, arch.max_position_embeddings)
-    num_blocks = -(-n // _BLOCK)
+         sequences: list[list[int]], progress: bool) -> None:
+    """One forward per sequence, each over the start of one temporary cache."""
+    longest = max(map(len, sequences))
+    num_blocks = -(-longest // _BLOCK)
     bind_kv_caches(model, allocate_kv_caches(arch, num_blocks + 1, _BLOCK, dtype, device))
-    metadata = _one_sequence(n, num_blocks, device)
-    for _ in range(CALIB_SEQUENCES):
-        ids = torch.randint(0, arch.vocab_size, (n,), generator=generator).to(device)
-        with set_attention_metadata(metadata):
-            model(ids, torch.arange(n, device=device))
+    for ids in tqdm(sequences, desc="fp8 KV scales", unit="seq", disable=not progress):
+        with set_attention_metadata(_one_sequence(len(ids), device)):
+            model(torch.tensor(ids, device=device), torch.arange(len(ids), device=device))
 
 
-def _one_sequence(n: int, num_blocks: int, device: torch.device) -> AttentionMetadata:
-    """One n-token prompt in blocks 1 .. num_blocks (block 0 is the null block)."""
+def _one_sequence(n: int, device: torch.device) -> AttentionMetadata:
+    """One n-token prompt in blocks 1 .. ceil(n / _BLOCK) (block 0 is the null block)."""
+    num_blocks = -(-n // _BLOCK)
+
     def tensor(values: list[int] | list[list[int]]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int32, device=device)
     return AttentionMetadata(slot_mapping=torch.arange(n, device=device) + _BLOCK, query_start_loc=tensor([0, n]),

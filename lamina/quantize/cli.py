@@ -32,9 +32,14 @@ format that lamina, vLLM and transformers load (see docs/quantization.md).
   gptq         W4A16 as rtn4, calibrated: GPTQ (Hessian-based error compensation; --act-order)
   awq          W4A16 as rtn4, calibrated: AWQ (activation-aware channel scales, clipping)
 
-Calibration (gptq, awq, smoothquant): --num-samples sequences of up to 512 tokens from --calib (a .jsonl file of
-{"text": ...} lines; default: Python source shipped with lamina that the gate's held-out text does not
-overlap). Layers are calibrated one after another on the outputs of the layers already quantized.
+--kv-cache-scheme fp8 adds static fp8 KV cache scales, one per KV head, measured on the calibration text
+through the quantized model; the gate then scores the checkpoint with an fp8 KV cache, as it runs with
+kv_cache_dtype="fp8".
+
+Calibration (gptq, awq, smoothquant, --kv-cache-scheme): --num-samples sequences of up to 512 tokens from
+--calib (a .jsonl file of {"text": ...} lines; default: Python source shipped with lamina that the gate's
+held-out text does not overlap). Layers are calibrated one after another on the outputs of the layers already
+quantized.
 
 Accuracy gate: the quantized checkpoint is evaluated against MODEL with lamina's own forward (torch, float32):
 perplexity on held-out text, the mean KL divergence of the next-token distributions, and the exact match of
@@ -91,6 +96,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--ignore", nargs="*", default=["lm_head"], metavar="TARGET",
                    help="layers left unquantized: names or 're:<regex>' (default: lm_head)")
     q.add_argument("--no-progress", action="store_true", help="no progress bar")
+    q.add_argument("--kv-cache-scheme", default=None, choices=["fp8"],
+                   help="also write static fp8 KV cache scales per KV head, measured on the calibration text "
+                        "(compressed-tensors' kv_cache_scheme; used by kv_cache_dtype='fp8')")
     _add_calibration_args(q)
     _add_eval_args(q)
     q.set_defaults(func=run_quantize)
@@ -129,17 +137,11 @@ def _group_size(args: argparse.Namespace, recipe: Any) -> int:
 
 
 def _calibration(args: argparse.Namespace, calibrated: Any) -> list[list[int]] | None:
-    """The calibration sequences of a calibrated method (None for the others, which refuse the options)."""
-    if calibrated is None:
-        for flag, given in (("--calib", args.calib is not None), ("--num-samples", args.num_samples is not None),
-                            ("--act-order", args.act_order), ("--alpha", args.alpha is not None)):
-            if given:
-                raise ValueError(f"{flag}: {args.method} uses no calibration data (gptq, awq and smoothquant do)")
+    """The calibration sequences of a calibrated method or of --kv-cache-scheme (None for the others, which refuse
+    the options)."""
+    _check_calibration_flags(args, calibrated)
+    if calibrated is None and args.kv_cache_scheme is None:
         return None
-    if args.act_order and not calibrated.takes_act_order:
-        raise ValueError(f"--act-order: {args.method} has no activation order (gptq only)")
-    if args.alpha is not None and not (calibrated.takes_alpha and 0.0 <= args.alpha <= 1.0):
-        raise ValueError(f"--alpha: smoothquant only, within [0, 1]; got {args.alpha} for {args.method}")
     from lamina.loader.hf_config import load_model_arch
     from lamina.loader.tokenizer import Tokenizer
     from lamina.quantize.calibration import DEFAULT_CALIB_TEXT, calibration_sequences, read_calib_texts
@@ -148,6 +150,22 @@ def _calibration(args: argparse.Namespace, calibrated: Any) -> list[list[int]] |
     seq_len = min(DEFAULT_SEQ_LEN, load_model_arch(args.model).max_position_embeddings)
     num_samples = DEFAULT_NUM_SAMPLES if args.num_samples is None else args.num_samples
     return calibration_sequences(texts, Tokenizer.from_pretrained(args.model), num_samples, seq_len)
+
+
+def _check_calibration_flags(args: argparse.Namespace, calibrated: Any) -> None:
+    if calibrated is None:
+        text = args.kv_cache_scheme is None  # --kv-cache-scheme measures its scales on the calibration text
+        for flag, given in (("--calib", text and args.calib is not None),
+                            ("--num-samples", text and args.num_samples is not None),
+                            ("--act-order", args.act_order), ("--alpha", args.alpha is not None)):
+            if given:
+                raise ValueError(f"{flag}: {args.method} uses no calibration data (gptq, awq and smoothquant do; "
+                                 "--calib and --num-samples also serve --kv-cache-scheme)")
+        return
+    if args.act_order and not calibrated.takes_act_order:
+        raise ValueError(f"--act-order: {args.method} has no activation order (gptq only)")
+    if args.alpha is not None and not (calibrated.takes_alpha and 0.0 <= args.alpha <= 1.0):
+        raise ValueError(f"--alpha: smoothquant only, within [0, 1]; got {args.alpha} for {args.method}")
 
 
 def _quantize(args: argparse.Namespace, directory: Path, recipe: Any, calibrated: Any, group_size: int,
@@ -161,6 +179,23 @@ def _quantize(args: argparse.Namespace, directory: Path, recipe: Any, calibrated
     assert sequences is not None
     return quantize_calibrated(args.model, str(directory), calibrated, group_size, tuple(args.ignore), sequences,
                                args.act_order, progress, args.alpha)
+
+
+def _kv_scales(args: argparse.Namespace, directory: Path, sequences: list[list[int]] | None) -> dict[str, Any] | None:
+    """--kv-cache-scheme: the KV scales measured on the calibration text into the staged checkpoint."""
+    if args.kv_cache_scheme is None:
+        return None
+    from lamina.quantize.kv_scales import add_kv_scales
+
+    assert sequences is not None
+    start = time.perf_counter()
+    layers = add_kv_scales(str(directory), sequences, progress=not args.no_progress)
+    tokens = sum(map(len, sequences))
+    print(f"fp8 KV cache scales of {layers} layers measured on {tokens} calibration tokens in "
+          f"{time.perf_counter() - start:.1f} s", file=sys.stderr)
+    return {"scheme": args.kv_cache_scheme, "layers": layers, "strategy": "attn_head",
+            "calibration": {"text": args.calib or "lamina/quantize/data/calib_python.jsonl",
+                            "sequences": len(sequences), "tokens": tokens}}
 
 
 def _reference(args: argparse.Namespace, directory: Path, name: str, group_size: int,
@@ -192,6 +227,7 @@ def run_quantize(args: argparse.Namespace) -> int:
         done, notes = _quantize(args, staging, recipe, calibrated, group_size, sequences)
         print(f"quantized {len(done.quantized)} layers with {recipe.name}: {done.bytes_before / 1e6:.1f} MB -> "
               f"{done.bytes_after / 1e6:.1f} MB of weights in {done.seconds:.1f} s", file=sys.stderr)
+        kv_summary = _kv_scales(args, staging, sequences)
         start = time.perf_counter()
         result = evaluate(str(staging), windows, args.model, args.device)
         code = code_eval(args, str(staging), args.model)
@@ -205,6 +241,7 @@ def run_quantize(args: argparse.Namespace) -> int:
         extra = (_calibration_summary(args, sequences, notes, reference, reference_name, must_beat)
                  if calibrated else {})
         extra["code_completion"] = None if code is None else {**asdict(code), "em_drop": code.em_drop}
+        extra["kv_cache_scheme"] = kv_summary
         _write_summary(staging, args, recipe, done, result, limits, failures, time.perf_counter() - start, extra)
         if failures and not args.force:
             print(f"lamina quantize: {'; '.join(failures)}: nothing written (--force writes it anyway)",
@@ -245,7 +282,7 @@ def _write_summary(directory: Path, args: argparse.Namespace, recipe: Any, done:
         "evaluation": {"text": args.eval_text or "lamina/quantize/data/heldout_python.jsonl", "window": args.window,
                        "engine": f"lamina model forward, torch reference path, float32, {args.device}",
                        "seconds": round(eval_seconds, 2), **asdict(result), "ppl_increase": result.ppl_increase},
-        **{k: v for k, v in extra.items() if k in ("reference", "code_completion")},
+        **{k: v for k, v in extra.items() if k in ("reference", "code_completion", "kv_cache_scheme")},
         "budgets": limits, "passed": not failures, "failures": failures, "forced": bool(args.force and failures),
     }
     (directory / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")

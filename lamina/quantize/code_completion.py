@@ -122,16 +122,18 @@ def complete_lines(llm: LLM, cases: list[CompletionCase], texts: list[str]) -> l
 
 def evaluate_code(model_dir: str, baseline_dir: str | None, texts: list[str], max_cases: int | None,
                   device: str = "cpu") -> CodeResult:
-    """Exact match of `model_dir`'s greedy lines (lamina's engine, float32 on `device`); with `baseline_dir`,
-    also the baseline's and the agreement of the two."""
+    """Exact match of `model_dir`'s greedy lines (lamina's engine, float32 on `device`, an fp8 KV cache where the
+    checkpoint has its scales); with `baseline_dir`, also the baseline's and the agreement of the two."""
     from lamina import LLM
+    from lamina.quantize.evaluate import checkpoint_kv_cache_dtype
 
     lines: dict[str, list[str]] = {}
     cases: list[CompletionCase] = []
     for name, path in (("model", model_dir), ("baseline", baseline_dir)):
         if path is None:
             continue
-        llm = LLM(model=path, dtype="float32", device=device.split(":")[0])
+        llm = LLM(model=path, dtype="float32", device=device.split(":")[0],
+                  kv_cache_dtype=checkpoint_kv_cache_dtype(path))
         if not cases:
             cases = completion_cases(texts, llm.get_tokenizer(), max_cases, llm.engine.max_model_len - MAX_LINE_TOKENS)
             if not cases:

@@ -13,12 +13,14 @@ from pathlib import Path
 
 import torch
 
+from lamina.attention.layer import FP8_KV_DTYPE
 from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
 from lamina.kv.cache import allocate_kv_caches, bind_kv_caches
 from lamina.loader.hf_config import load_model_arch
 from lamina.loader.model_loader import load_model
 from lamina.loader.tokenizer import Tokenizer
 from lamina.models.common import CausalLM
+from lamina.quant.config import parse_quant_config
 
 DEFAULT_EVAL_TEXT = str(Path(__file__).parent / "data" / "heldout_python.jsonl")
 BLOCK_SIZE = 16
@@ -73,6 +75,13 @@ def token_windows(texts: list[str], tokenizer: Tokenizer, window: int, max_token
     return windows
 
 
+def checkpoint_kv_cache_dtype(model_dir: str) -> str:
+    """The kv_cache_dtype a checkpoint is scored with: "fp8" when it carries static fp8 KV scales
+    (`kv_cache_scheme`, lamina quantize --kv-cache-scheme), as it runs with them; else "auto"."""
+    quant = parse_quant_config(load_model_arch(model_dir).raw.get("quantization_config"))
+    return "fp8" if quant is not None and quant.kv_cache_scheme == "fp8" else "auto"
+
+
 class Scorer:
     """A model with a KV cache for one window at a time: full-window logits from one prefill forward."""
 
@@ -84,7 +93,8 @@ class Scorer:
         self.device = torch.device(device)
         self.model: CausalLM = load_model(model_dir, self.arch, torch.float32, self.device, attention_backend="torch")
         self.num_blocks = -(-window // BLOCK_SIZE)
-        caches = allocate_kv_caches(self.arch, self.num_blocks + 1, BLOCK_SIZE, torch.float32, self.device)
+        kv_dtype = FP8_KV_DTYPE if checkpoint_kv_cache_dtype(model_dir) == "fp8" else torch.float32
+        caches = allocate_kv_caches(self.arch, self.num_blocks + 1, BLOCK_SIZE, kv_dtype, self.device)
         bind_kv_caches(self.model, caches)
 
     def _metadata(self, n: int) -> AttentionMetadata:
