@@ -40,13 +40,14 @@ def test_fp8_holds_four_times_the_blocks_and_keeps_the_engines_invariants(tmp_pa
     assert model_layers(fp8)[0].kv_cache[0].dtype == torch.float8_e4m3fn
     want = tokens(fp8)
     shared = [{"prompt_token_ids": PROMPTS[3]["prompt_token_ids"][:32] + [9, 8, 7]}]  # a 2-block prefix hit
-    assert tokens(fp8, shared) == tokens(LLM(**common, kv_cache_dtype="fp8", enable_prefix_caching=False), shared)
-    for variant in (dict(enable_prefix_caching=False), dict(max_num_batched_tokens=8)):
-        llm = LLM(**common, kv_cache_dtype="fp8", **variant)
-        assert tokens(llm) == want
-        llm.engine.check_integrity()
+    uncached = LLM(**common, kv_cache_dtype="fp8", enable_prefix_caching=False)
+    assert tokens(fp8, shared) == tokens(uncached, shared)
+    assert tokens(uncached) == want
+    chunked = LLM(**common, kv_cache_dtype="fp8", max_num_batched_tokens=8)
+    assert tokens(chunked) == want
     assert fp8.engine.get_stats().prefix_cache_hit_rate > 0
-    fp8.engine.check_integrity()
+    for llm in (auto, fp8, uncached, chunked):
+        llm.engine.check_integrity()
 
 
 def test_fp8_is_close_to_the_models_dtype_and_not_equal(tmp_path: Path) -> None:
@@ -56,7 +57,9 @@ def test_fp8_is_close_to_the_models_dtype_and_not_equal(tmp_path: Path) -> None:
     params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
     logprobs = []
     for kv in ("auto", "fp8"):
-        outs = LLM(model=model, skip_tokenizer_init=True, kv_cache_dtype=kv).generate(PROMPTS, params, use_tqdm=False)
+        llm = LLM(model=model, skip_tokenizer_init=True, kv_cache_dtype=kv)
+        outs = llm.generate(PROMPTS, params, use_tqdm=False)
+        llm.engine.check_integrity()
         logprobs.append([next(iter(e.values())).logprob for o in outs for e in o.prompt_logprobs[1:]])
     diffs = [abs(a - b) for a, b in zip(*logprobs)]
     assert 0 < sum(diffs) / len(diffs) < 0.2

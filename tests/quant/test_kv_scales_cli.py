@@ -70,6 +70,7 @@ def test_lamina_and_transformers_run_the_scales_alike(with_kv) -> None:
 def test_the_text_scales_are_not_the_start_up_ones(model, with_kv) -> None:
     measured = LLM(model=str(model), skip_tokenizer_init=True, kv_cache_dtype="fp8")  # random tokens at start-up
     start_up = [layer.k_scale.clone() for layer in attention_layers(measured.engine.executor.worker.model)]
+    measured.engine.check_integrity()
     weights = load_file(str(with_kv / "model.safetensors"))
     text = [weights[f"model.layers.{i}.self_attn.k_scale"].reshape(-1) for i in range(len(start_up))]
     assert not all(torch.allclose(a, b) for a, b in zip(start_up, text))
