@@ -199,13 +199,15 @@ def _kv_scales(args: argparse.Namespace, directory: Path, sequences: list[list[i
 
 
 def _reference(args: argparse.Namespace, directory: Path, name: str, group_size: int,
-               windows: list[list[int]]) -> Any:
-    """The reference method's (rtn4's) evaluation, from a checkpoint quantized into `directory`."""
+               windows: list[list[int]], sequences: list[list[int]] | None) -> Any:
+    """The reference method's (rtn4's) evaluation, from a checkpoint quantized into `directory` (with KV scales
+    too under --kv-cache-scheme, so that both are scored with the same cache)."""
     from lamina.quantize.evaluate import evaluate
     from lamina.quantize.writer import quantize_checkpoint
 
     quantize_checkpoint(args.model, str(directory), get_recipe(name), group_size, tuple(args.ignore),
                         progress=not args.no_progress)
+    _kv_scales(args, directory, sequences)
     return evaluate(str(directory), windows, args.model, args.device)
 
 
@@ -231,7 +233,8 @@ def run_quantize(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         result = evaluate(str(staging), windows, args.model, args.device)
         code = code_eval(args, str(staging), args.model)
-        reference = _reference(args, reference_dir, calibrated.baseline, group_size, windows) if calibrated else None
+        reference = (_reference(args, reference_dir, calibrated.baseline, group_size, windows, sequences)
+                     if calibrated else None)
         reference_name = calibrated.baseline if calibrated else None
         must_beat = bool(calibrated and calibrated.must_beat)  # smoothquant shows w8a8 without having to beat it
         print(table(result, recipe.name, limits, reference, reference_name, code, must_beat=must_beat))
@@ -280,7 +283,8 @@ def _write_summary(directory: Path, args: argparse.Namespace, recipe: Any, done:
         "weight_bytes": {"before": done.bytes_before, "after": done.bytes_after},
         "quantize_seconds": round(done.seconds, 2), **{k: v for k, v in extra.items() if k == "calibration"},
         "evaluation": {"text": args.eval_text or "lamina/quantize/data/heldout_python.jsonl", "window": args.window,
-                       "engine": f"lamina model forward, torch reference path, float32, {args.device}",
+                       "engine": f"lamina model forward, torch reference path, float32"
+                                 f"{', fp8 KV cache' if args.kv_cache_scheme else ''}, {args.device}",
                        "seconds": round(eval_seconds, 2), **asdict(result), "ppl_increase": result.ppl_increase},
         **{k: v for k, v in extra.items() if k in ("reference", "code_completion", "kv_cache_scheme")},
         "budgets": limits, "passed": not failures, "failures": failures, "forced": bool(args.force and failures),

@@ -91,3 +91,17 @@ def test_calibration_flags_serve_the_kv_scales_only_when_asked(model, files, tmp
                  "--calib", calib, "--no-progress"])
     assert code == 2
     assert "--calib: int8 uses no calibration data" in capsys.readouterr().err
+
+
+def test_a_calibrated_methods_reference_is_scored_with_the_same_fp8_cache(model, files, tmp_path) -> None:
+    """gptq is judged against rtn4: under --kv-cache-scheme both carry KV scales from the same text, so the rtn4
+    it must beat is rtn4 with the fp8 cache, not without."""
+    text, calib = files
+    common = ["--group-size", "64", "--eval-text", text, "--window", "64", "--code-cases", "0", "--calib", calib,
+              "--num-samples", "6", "--no-progress", *LOOSE, "--force", "--kv-cache-scheme", "fp8"]
+    assert main(["quantize", str(model), "--method", "gptq", "--output", str(tmp_path / "g"), *common]) == 0
+    assert main(["quantize", str(model), "--method", "rtn4", "--output", str(tmp_path / "r"), *common]) == 0
+    gptq = json.loads((tmp_path / "g" / "quantize_summary.json").read_text())
+    rtn4 = json.loads((tmp_path / "r" / "quantize_summary.json").read_text())
+    assert "fp8 KV cache" in gptq["evaluation"]["engine"]
+    assert gptq["reference"]["perplexity"] == rtn4["evaluation"]["perplexity"]
