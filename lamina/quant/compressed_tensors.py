@@ -21,7 +21,8 @@ Tensors of a quantized linear `X` (w = (q - zero_point) * scale; q signed, in [-
     float-quantized:  X.weight float8_e4m3fn [out, in], X.weight_scale [out, 1] (FP8 W8A8)
 
 Read here: weight-only integer schemes (W4A16 / W8A16, "channel" or "group"), W8A8 int8 and fp8 with
-dynamic per-token input activations, and lamina's LLM.int8() marker, a top-level key that compressed-tensors
+dynamic per-token input activations, fp8 with per-tensor weight scales and static per-tensor input scales
+(`X.input_scale`, llm-compressor's FP8 scheme), and lamina's LLM.int8() marker, a top-level key that compressed-tensors
 and vLLM ignore (they serve the checkpoint as the W8A16 it also is):
 
     "quantization_config": {..., "lamina_llm_int8": {"threshold": 6.0}}

@@ -21,7 +21,7 @@ FUSED_MODULES: dict[str, tuple[str, ...]] = {
     "qkv_proj": ("q_proj", "k_proj", "v_proj"),
     "gate_up_proj": ("gate_proj", "up_proj"),
 }
-STRATEGIES = ("channel", "group")
+STRATEGIES = ("channel", "group", "tensor")  # tensor: one scale for the whole weight (fp8 only)
 WEIGHT_TYPES = ("int", "float")  # float: fp8 e4m3
 
 
@@ -30,9 +30,10 @@ class WeightQuantArgs:
     """How a weight is quantized: num_bits-bit integers (or fp8 e4m3 values), w = (q - zero_point) * scale.
 
     strategy "channel": one scale (and zero point) per output row; "group": one per `group_size` input
-    columns of a row. `layout` is how the checkpoint stores q: "pack-quantized" (int32 words,
-    lamina/quant/packing.py) or one value per element: "naive-quantized" / "int-quantized" (int8),
-    "float-quantized" (float8_e4m3fn), the names compressed-tensors gives them.
+    columns of a row; "tensor" (fp8 only, llm-compressor's FP8 scheme): one for the whole weight. `layout` is
+    how the checkpoint stores q: "pack-quantized" (int32 words, lamina/quant/packing.py) or one value per
+    element: "naive-quantized" / "int-quantized" (int8), "float-quantized" (float8_e4m3fn), the names
+    compressed-tensors gives them.
     """
 
     num_bits: int
@@ -45,20 +46,26 @@ class WeightQuantArgs:
     def __post_init__(self) -> None:
         if self.type not in WEIGHT_TYPES:
             raise ValueError(f"weights.type: {self.type!r} is not supported; supported: {list(WEIGHT_TYPES)}")
-        if self.type == "float" and (self.num_bits != 8 or not self.symmetric or self.strategy != "channel"):
-            raise ValueError(f"weights: float weights are read as fp8 e4m3, symmetric, one scale per channel; got "
-                             f"num_bits {self.num_bits}, symmetric {self.symmetric}, strategy {self.strategy!r}")
+        if self.type == "float" and (self.num_bits != 8 or not self.symmetric
+                                     or self.strategy not in ("channel", "tensor")):
+            raise ValueError(f"weights: float weights are read as fp8 e4m3, symmetric, one scale per channel or per "
+                             f"tensor; got num_bits {self.num_bits}, symmetric {self.symmetric}, "
+                             f"strategy {self.strategy!r}")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"weights.strategy: {self.strategy!r} is not supported; supported: {list(STRATEGIES)}")
+        if self.strategy == "tensor" and self.type != "float":
+            raise ValueError("weights.strategy: 'tensor' is read for fp8 weights only; integer weights take "
+                             "'channel' or 'group'")
         if self.strategy == "group" and (not isinstance(self.group_size, int) or self.group_size <= 0):
             raise ValueError(f"weights.group_size: a positive integer is needed for strategy 'group', "
                              f"got {self.group_size!r}")
-        if self.strategy == "channel" and self.group_size not in (None, -1):
-            raise ValueError(f"weights.group_size: must be null for strategy 'channel', got {self.group_size!r}")
+        if self.strategy in ("channel", "tensor") and self.group_size not in (None, -1):
+            raise ValueError(f"weights.group_size: must be null for strategy {self.strategy!r}, "
+                             f"got {self.group_size!r}")
 
     def num_groups(self, input_size: int, what: str = "layer") -> int:
-        """Scale columns of a weight with `input_size` input features (1 per row for "channel")."""
-        if self.strategy == "channel":
+        """Scale columns of a weight with `input_size` input features (1 per row for "channel" and "tensor")."""
+        if self.strategy in ("channel", "tensor"):
             return 1
         assert self.group_size is not None
         if input_size % self.group_size:
@@ -69,8 +76,9 @@ class WeightQuantArgs:
 
 @dataclass(frozen=True)
 class ActivationQuantArgs:
-    """How a linear's input is quantized at run time (W8A8): 8-bit int or fp8 e4m3, one scale per token
-    computed from the token itself ("token", dynamic, symmetric), the only activation scheme lamina runs."""
+    """How a linear's input is quantized at run time (W8A8): 8-bit int or fp8 e4m3, symmetric, with one scale per
+    token computed from the token itself ("token", dynamic), or, fp8 only, one static scale per layer calibrated
+    into the checkpoint ("tensor", not dynamic: `input_scale`, llm-compressor's FP8 scheme)."""
 
     type: str  # "int" or "float"
     num_bits: int = 8
@@ -82,9 +90,16 @@ class ActivationQuantArgs:
         if self.type not in WEIGHT_TYPES or self.num_bits != 8:
             raise ValueError(f"input_activations: 8-bit 'int' or 'float' is supported, got {self.num_bits}-bit "
                              f"{self.type!r}")
-        if self.strategy != "token" or not self.dynamic or not self.symmetric:
-            raise ValueError(f"input_activations: only dynamic, symmetric, per-token scales are supported; got "
-                             f"strategy {self.strategy!r}, dynamic {self.dynamic!r}, symmetric {self.symmetric!r}")
+        static_fp8 = (self.type, self.strategy, self.dynamic) == ("float", "tensor", False)
+        if not self.symmetric or not (static_fp8 or (self.strategy == "token" and self.dynamic)):
+            raise ValueError(f"input_activations: dynamic symmetric per-token scales, or (fp8) one static "
+                             f"symmetric per-tensor scale, are supported; got type {self.type!r}, strategy "
+                             f"{self.strategy!r}, dynamic {self.dynamic!r}, symmetric {self.symmetric!r}")
+
+    @property
+    def static(self) -> bool:
+        """One scale per layer from the checkpoint (`input_scale`), not one per token computed at run time."""
+        return not self.dynamic
 
 
 @dataclass(frozen=True)
@@ -98,9 +113,9 @@ class QuantScheme:
         if acts is None and self.weights.type == "float":
             raise ValueError("input_activations: fp8 weights are read with fp8 activations (FP8 W8A8) only")
         if acts is not None and (acts.type != self.weights.type or self.weights.num_bits != 8
-                                 or self.weights.strategy != "channel" or not self.weights.symmetric):
-            raise ValueError(f"input_activations: W8A8 needs 8-bit symmetric per-channel weights of the same type "
-                             f"as the activations ({acts.type!r}), got {self.weights}")
+                                 or self.weights.strategy not in ("channel", "tensor") or not self.weights.symmetric):
+            raise ValueError(f"input_activations: W8A8 needs 8-bit symmetric per-channel weights (fp8: or "
+                             f"per-tensor) of the same type as the activations ({acts.type!r}), got {self.weights}")
 
 
 SchemeArgs = tuple[WeightQuantArgs, ActivationQuantArgs | None]  # a layer's weight and input activation args
@@ -174,7 +189,7 @@ class QuantConfig:
             from lamina.quant.w8a8_int8 import W8A8Int8LinearMethod
             return W8A8Int8LinearMethod(weights)
         from lamina.quant.fp8 import Fp8LinearMethod
-        return Fp8LinearMethod(weights)
+        return Fp8LinearMethod(weights, static_input=activations.static)
 
 
 def shard_names(prefix: str) -> list[str]:

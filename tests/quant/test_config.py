@@ -37,12 +37,13 @@ def test_lamina_config_round_trips():
     ("config_groups.group_0.weights.type", "mxfp", r"weights\.type: only 'int' and 'float'"),
     ("config_groups.group_0.weights.type", "float", r"weights\.type: 'float' weights cannot be stored as 'pack"),
     ("config_groups.group_0.weights.num_bits", 3, r"weights\.num_bits: only \[4, 8\]"),
-    ("config_groups.group_0.weights.strategy", "tensor", r"weights\.strategy: 'tensor' is not supported"),
+    ("config_groups.group_0.weights.strategy", "tensor", r"weights\.strategy: 'tensor' is read for fp8 weights only"),
+    ("config_groups.group_0.weights.strategy", "block", r"weights\.strategy: 'block' is not supported"),
     ("config_groups.group_0.weights.group_size", None, r"weights\.group_size: a positive integer"),
     ("config_groups.group_0.weights.actorder", "group", r"weights\.actorder: 'group' needs weight_g_idx"),
     ("config_groups.group_0.weights.dynamic", True, r"weights\.dynamic"),
-    ("config_groups.group_0.input_activations", {"num_bits": 8}, r"input_activations: only dynamic, symmetric, "
-                                                                  r"per-token scales"),
+    ("config_groups.group_0.input_activations", {"num_bits": 8}, r"input_activations: dynamic symmetric per-token "
+                                                                  r"scales, or \(fp8\) one static"),
     ("config_groups.group_0.output_activations", {"num_bits": 8}, r"output_activations: output quantization"),
     ("config_groups.group_0.format", "float-quantized", r"weights\.type: 'int' weights cannot be stored as 'float"),
     ("config_groups.group_0.format", "int-quantized", r"'int-quantized' does not fit a scheme without input_act"),

@@ -61,13 +61,14 @@ ACTS = "config_groups.group_0.input_activations"
 
 
 @pytest.mark.parametrize("method,path,value,message", [
-    ("w8a8", f"{ACTS}.dynamic", False, r"input_activations: only dynamic, symmetric, per-token"),
-    ("w8a8", f"{ACTS}.strategy", "tensor", r"input_activations: only dynamic, symmetric, per-token"),
+    ("w8a8", f"{ACTS}.dynamic", False, r"input_activations: dynamic symmetric per-token scales, or \(fp8\)"),
+    ("w8a8", f"{ACTS}.strategy", "tensor", r"input_activations: dynamic symmetric per-token scales, or \(fp8\)"),
+    ("fp8", f"{ACTS}.strategy", "tensor", r"input_activations: dynamic symmetric per-token scales, or \(fp8\)"),
     ("fp8", f"{ACTS}.num_bits", 4, r"input_activations: 8-bit 'int' or 'float'"),
     ("w8a8", f"{ACTS}.type", "float", r"group_0\.input_activations: W8A8 needs 8-bit symmetric per-channel weights "
-                                      r"of the same type"),
+                                      r"\(fp8: or per-tensor\) of the same type"),
     ("w8a8", "config_groups.group_0.weights.symmetric", False, r"input_activations: W8A8 needs 8-bit symmetric"),
-    ("fp8", "config_groups.group_0.weights.strategy", "tensor", r"float weights are read as fp8 e4m3, symmetric, one"),
+    ("fp8", "config_groups.group_0.weights.strategy", "group", r"float weights are read as fp8 e4m3, symmetric, one"),
     ("fp8", f"{ACTS}.group_size", 128, r"input_activations\.group_size: not supported"),
     ("llm_int8", "lamina_llm_int8.threshold", -1, r"lamina_llm_int8\.threshold: a positive number"),
     ("llm_int8", "lamina_llm_int8", 6.0, r"lamina_llm_int8: expected \{'threshold'"),
