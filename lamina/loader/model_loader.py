@@ -62,10 +62,13 @@ def load_model(model_dir: str, arch: ModelArch, dtype: torch.dtype, device: torc
         init_dummy_weights(model)
     else:
         load_checkpoint(model, model_dir)
-    for module in model.modules():
+    for name, module in model.named_modules():
         method = getattr(module, "quant_method", None)
         if method is not None:
-            method.process_after_loading(module)
+            try:
+                method.process_after_loading(module)
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from None
     return model.eval()
 
 

@@ -12,15 +12,16 @@ then w_q = cast_e4m3(w / s_w) (round to nearest even, as torch casts); no calibr
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 from torch import nn
 
+from lamina.layers.linear import set_weight_attrs
 from lamina.quant.config import ActivationQuantArgs, WeightQuantArgs
 from lamina.quant.recipe import Recipe
 from lamina.quant.rtn import QuantizedWeight
-from lamina.layers.linear import set_weight_attrs
 from lamina.quant.w8a8 import FP8_DTYPE, FP8_MAX, W8A8LinearMethod, fp8_matmul, per_token_fp8
 
 _QKV = {"q": 0, "k": 1, "v": 2}  # QKVParallelLinear's shard ids -> shard index
@@ -36,16 +37,16 @@ class Fp8LinearMethod(W8A8LinearMethod):
     def create_weights(self, layer: Any, input_size: int, output_sizes: list[int],
                        params_dtype: torch.dtype) -> None:
         super().create_weights(layer, input_size, output_sizes, params_dtype)
-        if self.args.strategy == "tensor":
-            layer.weight_scale.weight_loader = lambda param, loaded, shard_id=None: layer.weight_loader(
-                param, _one_scale(loaded, "weight_scale").expand(self._shard_rows(shard_id), 1), shard_id)
+        if self.args.strategy == "tensor":  # the layer's loader, with the one scale spread over the shard's rows
+            layer.weight_scale.weight_loader = functools.partial(self._load_tensor_scale, layer)
         if self.static_input:
             scales = nn.Parameter(torch.zeros(len(output_sizes), dtype=torch.float32), requires_grad=False)
             set_weight_attrs(scales, {"weight_loader": self._load_input_scale})
             layer.register_parameter("input_scale", scales)
 
-    def _shard_rows(self, shard_id: Any) -> int:
-        return sum(self.output_sizes) if shard_id is None else self.output_sizes[_QKV.get(shard_id, shard_id)]
+    def _load_tensor_scale(self, layer: Any, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
+        rows = sum(self.output_sizes) if shard_id is None else self.output_sizes[_QKV.get(shard_id, shard_id)]
+        layer.weight_loader(param, _one_scale(loaded, "weight_scale").expand(rows, 1), shard_id)
 
     @staticmethod
     def _load_input_scale(param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:

@@ -84,7 +84,7 @@ def test_a_fused_layer_takes_the_largest_input_scale_of_its_shards(source: Path,
 
 
 @pytest.mark.parametrize("tensor,value,message", [
-    ("self_attn.o_proj.input_scale", torch.tensor([0.0]), "input_scale: positive finite static scales"),
+    ("self_attn.o_proj.input_scale", torch.tensor([0.0]), r"layers\.1\.self_attn\.o_proj: input_scale: positive"),
     ("self_attn.o_proj.input_scale", torch.tensor([0.1, 0.2]), "input_scale: one scale per tensor was expected"),
     ("mlp.down_proj.weight_scale", torch.ones(128, 1), "weight_scale: one scale per tensor was expected"),
 ])
