@@ -22,11 +22,9 @@ import torch
 
 from lamina.attention import torch_ref
 from lamina.attention.metadata import AttentionMetadata
+from lamina.attention.torch_ref import KVScales
 
 logger = logging.getLogger(__name__)
-
-
-KVScales = tuple[torch.Tensor, torch.Tensor]
 
 
 class AttentionBackend(Protocol):

@@ -36,6 +36,24 @@ class AttentionMetadata:
         return len(self.seq_lens_cpu)
 
 
+def prefill_metadata(lengths: list[int], block_size: int, device: torch.device | str = "cpu") -> AttentionMetadata:
+    """Whole prompts of `lengths` tokens laid end to end, nothing cached: prompt i owns consecutive blocks from
+    1 on (block 0 is the null block), its tokens stored in order from the first slot of its first block."""
+    blocks = [-(-n // block_size) for n in lengths]
+    starts = [1 + sum(blocks[:i]) for i in range(len(lengths))]
+    table = [list(range(s, s + b)) + [0] * (max(blocks) - b) for s, b in zip(starts, blocks)]
+    slots = torch.cat([torch.arange(n) + s * block_size for n, s in zip(lengths, starts)])
+    query_start = [0]
+    for n in lengths:
+        query_start.append(query_start[-1] + n)
+
+    def tensor(values: list[int] | list[list[int]]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=device)
+    return AttentionMetadata(slot_mapping=slots.to(device), query_start_loc=tensor(query_start),
+                             seq_lens=tensor(list(lengths)), block_tables=tensor(table), max_query_len=max(lengths),
+                             max_seq_len=max(lengths), query_start_loc_cpu=query_start, seq_lens_cpu=list(lengths))
+
+
 _current: AttentionMetadata | None = None
 
 

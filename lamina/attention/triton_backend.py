@@ -60,7 +60,7 @@ class TritonAttentionBackend:
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, metadata: AttentionMetadata, scale: float,
-                kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                kv_scales: torch_ref.KVScales | None = None) -> torch.Tensor:
         if not self._use_kernels(q, k_cache):
             return torch_ref.forward(q, k, v, k_cache, v_cache, metadata, scale, kv_scales)
         store_kv(k, v, k_cache, v_cache, metadata.slot_mapping, kv_scales)

@@ -18,7 +18,8 @@ from torch import nn
 from tqdm import tqdm
 
 from lamina.attention.layer import Attention
-from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
+from lamina.attention.torch_ref import FP8_MAX
+from lamina.attention.metadata import prefill_metadata, set_attention_metadata
 from lamina.config import ModelArch
 from lamina.kv.cache import allocate_kv_caches, attention_layers, bind_kv_caches
 
@@ -27,7 +28,6 @@ logger = logging.getLogger(__name__)
 CALIB_SEQUENCES = 4
 CALIB_TOKENS = 256
 HEADROOM = 2.0
-FP8_MAX = 448.0
 _BLOCK = 16
 
 
@@ -87,16 +87,5 @@ def _run(model: nn.Module, arch: ModelArch, dtype: torch.dtype, device: torch.de
     num_blocks = -(-longest // _BLOCK)
     bind_kv_caches(model, allocate_kv_caches(arch, num_blocks + 1, _BLOCK, dtype, device))
     for ids in tqdm(sequences, desc="fp8 KV scales", unit="seq", disable=not progress):
-        with set_attention_metadata(_one_sequence(len(ids), device)):
+        with set_attention_metadata(prefill_metadata([len(ids)], _BLOCK, device)):
             model(torch.tensor(ids, device=device), torch.arange(len(ids), device=device))
-
-
-def _one_sequence(n: int, device: torch.device) -> AttentionMetadata:
-    """One n-token prompt in blocks 1 .. ceil(n / _BLOCK) (block 0 is the null block)."""
-    num_blocks = -(-n // _BLOCK)
-
-    def tensor(values: list[int] | list[list[int]]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int32, device=device)
-    return AttentionMetadata(slot_mapping=torch.arange(n, device=device) + _BLOCK, query_start_loc=tensor([0, n]),
-                             seq_lens=tensor([n]), block_tables=tensor([list(range(1, num_blocks + 1))]),
-                             max_query_len=n, max_seq_len=n, query_start_loc_cpu=[0, n], seq_lens_cpu=[n])

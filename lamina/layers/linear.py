@@ -145,6 +145,10 @@ class LinearBase(nn.Module):
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
         raise NotImplementedError
 
+    def shard_index(self, shard_id: Any) -> int:
+        """Which of `output_sizes` the checkpoint shard `shard_id` fills (0 for an unfused layer)."""
+        return 0 if shard_id is None else shard_id
+
     def _shard_of(self, loaded: torch.Tensor, dim: int | None, size: int) -> torch.Tensor:
         """This rank's slice of a full checkpoint tensor along `dim` (`size` rows per rank)."""
         if dim is None or self.tp_size == 1:
@@ -227,6 +231,9 @@ class QKVParallelLinear(ColumnParallelLinear):
         per_rank_total = [self.num_heads * head_dim * tp_size,
                           self.num_kv_heads * head_dim * tp_size, self.num_kv_heads * head_dim * tp_size]
         super().__init__(hidden_size, per_rank_total, bias, quant_method, kernels=kernels)
+
+    def shard_index(self, shard_id: Any) -> int:
+        return ("q", "k", "v").index(shard_id)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim

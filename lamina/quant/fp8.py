@@ -24,9 +24,6 @@ from lamina.quant.recipe import Recipe
 from lamina.quant.rtn import QuantizedWeight
 from lamina.quant.w8a8 import FP8_DTYPE, FP8_MAX, W8A8LinearMethod, fp8_matmul, per_token_fp8
 
-_QKV = {"q": 0, "k": 1, "v": 2}  # QKVParallelLinear's shard ids -> shard index
-
-
 class Fp8LinearMethod(W8A8LinearMethod):
     weight_dtype = FP8_DTYPE
 
@@ -41,16 +38,12 @@ class Fp8LinearMethod(W8A8LinearMethod):
             layer.weight_scale.weight_loader = functools.partial(self._load_tensor_scale, layer)
         if self.static_input:
             scales = nn.Parameter(torch.zeros(len(output_sizes), dtype=torch.float32), requires_grad=False)
-            set_weight_attrs(scales, {"weight_loader": self._load_input_scale})
+            set_weight_attrs(scales, {"weight_loader": functools.partial(_load_input_scale, layer)})
             layer.register_parameter("input_scale", scales)
 
     def _load_tensor_scale(self, layer: Any, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
-        rows = sum(self.output_sizes) if shard_id is None else self.output_sizes[_QKV.get(shard_id, shard_id)]
+        rows = self.output_sizes[layer.shard_index(shard_id)]
         layer.weight_loader(param, _one_scale(loaded, "weight_scale").expand(rows, 1), shard_id)
-
-    @staticmethod
-    def _load_input_scale(param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
-        param.data[0 if shard_id is None else _QKV.get(shard_id, shard_id)] = _one_scale(loaded, "input_scale")[0, 0]
 
     def process_after_loading(self, layer: Any) -> None:
         super().process_after_loading(layer)
@@ -73,6 +66,10 @@ def static_fp8(x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torc
     """x [M, K] -> (fp8 e4m3 [M, K], scale [M, 1]) with one static scale [1, 1] for every row."""
     x_q = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return x_q, scale.expand(x.shape[0], 1)
+
+
+def _load_input_scale(layer: Any, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
+    param.data[layer.shard_index(shard_id)] = _one_scale(loaded, "input_scale")[0, 0]
 
 
 def _one_scale(loaded: torch.Tensor, name: str) -> torch.Tensor:

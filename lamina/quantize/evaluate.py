@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from lamina.attention.layer import FP8_KV_DTYPE
-from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
+from lamina.attention.metadata import prefill_metadata, set_attention_metadata
 from lamina.kv.cache import allocate_kv_caches, bind_kv_caches
 from lamina.loader.hf_config import load_model_arch
 from lamina.loader.model_loader import load_model
@@ -97,19 +97,11 @@ class Scorer:
         caches = allocate_kv_caches(self.arch, self.num_blocks + 1, BLOCK_SIZE, kv_dtype, self.device)
         bind_kv_caches(self.model, caches)
 
-    def _metadata(self, n: int) -> AttentionMetadata:
-        blocks = list(range(1, self.num_blocks + 1))  # block 0 is the null block
-        tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=self.device)  # noqa: E731
-        return AttentionMetadata(slot_mapping=torch.arange(n, device=self.device) + BLOCK_SIZE,
-                                 query_start_loc=tensor([0, n], torch.int32), seq_lens=tensor([n], torch.int32),
-                                 block_tables=tensor([blocks], torch.int32), max_query_len=n, max_seq_len=n,
-                                 query_start_loc_cpu=[0, n], seq_lens_cpu=[n])
-
     @torch.inference_mode()
     def log_probs(self, ids: list[int]) -> torch.Tensor:
         """[len(ids), vocab] float32 log-probabilities of the next token after each position."""
         n = len(ids)
-        with set_attention_metadata(self._metadata(n)):
+        with set_attention_metadata(prefill_metadata([n], BLOCK_SIZE, self.device)):
             hidden = self.model(torch.tensor(ids, device=self.device), torch.arange(n, device=self.device))
         return torch.log_softmax(self.model.compute_logits(hidden), dim=-1)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
+from lamina.attention.metadata import AttentionMetadata, prefill_metadata, set_attention_metadata
 from lamina.kv.cache import allocate_kv_caches, bind_kv_caches
 from lamina.models.common import CausalLM
 
@@ -88,21 +88,6 @@ def _chunks(sequences: list[list[int]], max_tokens: int) -> list[list[list[int]]
     return chunks
 
 
-def _metadata(lengths: list[int]) -> AttentionMetadata:
-    """A prefill of whole sequences laid end to end; sequence i owns consecutive blocks from 1 on."""
-    blocks = [-(-n // BLOCK_SIZE) for n in lengths]
-    starts = [1 + sum(blocks[:i]) for i in range(len(lengths))]
-    table = [list(range(s, s + b)) + [0] * (max(blocks) - b) for s, b in zip(starts, blocks)]
-    slots = torch.cat([torch.arange(n) + s * BLOCK_SIZE for n, s in zip(lengths, starts)])
-    query_start = [0]
-    for n in lengths:
-        query_start.append(query_start[-1] + n)
-    return AttentionMetadata(slot_mapping=slots, query_start_loc=torch.tensor(query_start, dtype=torch.int32),
-                             seq_lens=torch.tensor(lengths, dtype=torch.int32),
-                             block_tables=torch.tensor(table, dtype=torch.int32), max_query_len=max(lengths),
-                             max_seq_len=max(lengths), query_start_loc_cpu=query_start, seq_lens_cpu=list(lengths))
-
-
 class LayerwiseRunner:
     """Calibration sequences through a float32 CPU model, one decoder layer at a time (module docstring)."""
 
@@ -118,7 +103,7 @@ class LayerwiseRunner:
             positions = torch.cat([torch.arange(len(seq)) for seq in chunk])
             with torch.no_grad():
                 hidden = model.model.embed_tokens(ids).float()
-            self.chunks.append(_Chunk(positions, _metadata([len(s) for s in chunk]), hidden, None))
+            self.chunks.append(_Chunk(positions, prefill_metadata([len(s) for s in chunk], BLOCK_SIZE), hidden, None))
             most_blocks = max(most_blocks, sum(-(-len(s) // BLOCK_SIZE) for s in chunk))
         cache = allocate_kv_caches(model.arch, most_blocks + 1, BLOCK_SIZE, torch.float32, "cpu")[0]
         bind_kv_caches(model, [cache] * model.arch.num_hidden_layers)
