@@ -230,3 +230,40 @@ def test_unknown_engine_argument_is_named(monkeypatch: pytest.MonkeyPatch) -> No
         LLM("m", blok_size=4)
     with pytest.raises(TypeError, match="cache_config"):  # sections are built from their fields, not passed
         LLM("m", cache_config=CacheConfig())
+
+
+def _quantized(model_dir, tmp_path, scheme: str):  # noqa: ANN001, ANN202 - a checkpoint directory
+    """A copy of `model_dir` whose config asks for `scheme` (weights loaded as dummies: each quantized layer's
+    own loaders and parameters)."""
+    import json
+    import shutil
+
+    from lamina.quant import fp8, rtn4
+    from lamina.quant.compressed_tensors import config_dict
+
+    out = tmp_path / scheme
+    shutil.copytree(model_dir, out)
+    args, activations = (rtn4.weight_args(32), None) if scheme == "int4" else (fp8.weight_args(0),
+                                                                                  fp8.RECIPE.input_activations)
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = config_dict(args, ["lm_head"], activations)
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.mark.parametrize("scheme", [None, "int4", "fp8"])
+def test_a_dropped_engine_frees_its_weights(model_dir, tmp_path, scheme):
+    """The engine freezes the heap at start-up (engine.freeze_heap): a frozen reference cycle is never collected,
+    and one through a layer (its parameters' weight loaders were bound to it) kept a dropped engine's weights."""
+    import gc
+    import weakref
+
+    path = model_dir if scheme is None else _quantized(model_dir, tmp_path, scheme)
+    llm = LLM(model=str(path), load_format="auto" if scheme is None else "dummy")
+    llm.generate("hello", SamplingParams(max_tokens=4), use_tqdm=False)
+    llm.engine.check_integrity()
+    weights = [weakref.ref(p) for p in llm.engine.executor.worker.model.parameters()]
+    assert gc.get_freeze_count() > 0  # the heap is frozen
+    del llm
+    gc.collect()
+    assert sum(w() is not None for w in weights) == 0

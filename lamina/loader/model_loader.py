@@ -69,7 +69,17 @@ def load_model(model_dir: str, arch: ModelArch, dtype: torch.dtype, device: torc
                 method.process_after_loading(module)
             except ValueError as exc:
                 raise ValueError(f"{name}: {exc}") from None
+    release_weight_loaders(model)
     return model.eval()
+
+
+def release_weight_loaders(model: torch.nn.Module) -> None:
+    """Drop every parameter's `weight_loader` once the weights are in. A loader is a bound method of the
+    parameter's own layer (or a partial over it): layer -> parameter -> loader -> layer is a reference cycle, and
+    the engine freezes the heap after start-up (lamina.engine.engine.freeze_heap), whose cycles are never
+    collected: a dropped engine kept every layer's weights (on the GPU too) for the life of the process."""
+    for param in model.parameters():
+        param.__dict__.pop("weight_loader", None)
 
 
 def load_checkpoint(model: CausalLM, model_dir: str) -> None:
