@@ -71,11 +71,12 @@ class ModelRunner:
         starts, row = {}, 0
         for req_id, k in zip(host.sampling_req_ids, host.num_draft_tokens):
             starts[req_id], row = row, row + k + 1
-        record, drafter = pending.on_result, self.drafter
+        record, drafter, states = pending.on_result, self.drafter, self.states  # not self: the runner keeps the
+        # step (self._last), and a cycle through the runner would outlive a dropped engine (engine.freeze_heap)
 
         def record_and_draft(output: ModelRunnerOutput) -> None:
             record(output)
-            drafter.draft(scheduled.draft_limits, output, self.states, hidden, starts, features)  # never raises
+            drafter.draft(scheduled.draft_limits, output, states, hidden, starts, features)  # never raises
         pending.on_result = record_and_draft
         return pending
 

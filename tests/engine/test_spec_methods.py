@@ -103,3 +103,34 @@ def test_eagle_is_exact_and_fed_every_position(model_dir: str, engine: dict, eag
     assert len(common) > 0.8 * len(seen) and all(seen[key] == reference[key][:len(seen[key])] for key in common)
     if engine.get("num_kv_blocks") == 36:
         assert llm.engine.get_stats().num_preemptions > 0
+
+
+def _demo(method: str) -> tuple[str, dict]:
+    from lamina import DEMO_EAGLE, DEMO_MEDUSA, DEMO_MODEL
+
+    return DEMO_MODEL, {"method": method, "model": DEMO_EAGLE if method == "eagle" else DEMO_MEDUSA,
+                        "num_speculative_tokens": 2, "adaptive": False}
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "early_exit", "eagle", "medusa"])
+def test_a_dropped_engine_frees_its_weights(model_dir: str, method: str) -> None:
+    """The heap is frozen after start-up (engine.freeze_heap), so a reference cycle through the worker (the step
+    kept by the runner, whose drafting callback held the runner) outlived a dropped engine with every weight."""
+    import gc
+    import weakref
+
+    spec = {"method": method, "num_speculative_tokens": 2, "adaptive": False,
+            **({"model": model_dir} if method == "draft_model" else {}),
+            **({"exit_layer": 2} if method == "early_exit" else {})}
+    target, spec = _demo(method) if method in ("eagle", "medusa") else (model_dir, spec)
+    llm = LLM(model=target, speculative_config=spec, block_size=4, num_kv_blocks=160, max_model_len=128)
+    llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+    llm.engine.check_integrity()
+    assert method == "ngram" or llm.engine.get_stats().spec.num_draft_tokens > 0  # the worker's proposer drafted
+    worker = llm.engine.executor.worker
+    weights = [weakref.ref(p) for m in (worker.model, getattr(worker.proposer, "model", None)) if m is not None
+               for p in m.parameters()]
+    assert gc.get_freeze_count() > 0
+    del llm, worker
+    gc.collect()
+    assert sum(w() is not None for w in weights) == 0
