@@ -5,7 +5,7 @@
 1. GEMMs: int8 x int8 -> int32 through torch._int_mm (rows padded to 32 when M <= 16) against the exact float64
    reference, bit for bit; fp8 e4m3 row-wise torch._scaled_mm (bf16 out) against the float32 reference; times
    against a bf16 F.linear at 4096 x 4096.
-2. Layers (bf16, random weights, inputs with a few outlier columns): W8A8 int8, LLM.int8() and FP8 layers on
+2. Layers (bf16, random weights, inputs with a few outlier columns): W8A8 int8, LLM.int8(), FP8 and static FP8 layers on
    the fast path against the same layers on the reference path.
 3. Models: the demo model quantized with each method (llm_int8, w8a8, smoothquant on 16 calibration sequences,
    fp8), run by lamina's engine in bf16 on the device (CUDA graphs on): greedy tokens of the fast path against
@@ -95,8 +95,8 @@ def gemms(device: torch.device) -> list[dict]:
 
 def _layer(kind: str, k: int, n: int, device: torch.device) -> ReplicatedLinear:
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(1)) * 0.02
-    if kind == "fp8":
-        method = fp8.Fp8LinearMethod(fp8.weight_args(0))
+    if kind.startswith("fp8"):  # "fp8-static": one input scale for every token, as llm-compressor's FP8 scheme
+        method = fp8.Fp8LinearMethod(fp8.weight_args(0), static_input=kind == "fp8-static")
         q = fp8.fp8_quantize(w, method.args, torch.float32)
     else:
         args = WeightQuantArgs(num_bits=8, symmetric=True, strategy="channel",
@@ -114,6 +114,8 @@ def _layer(kind: str, k: int, n: int, device: torch.device) -> ReplicatedLinear:
         layer.weight.data.copy_(q.q)
     layer.weight_scale.data.copy_(q.scale)
     layer.bias.data.copy_(torch.linspace(-1, 1, n))
+    if kind == "fp8-static":
+        layer.input_scale.data.fill_(20.0 / fp8.FP8_MAX)  # the outlier columns' 20 maps to 448
     layer = layer.to(device)
     method.process_after_loading(layer)
     return layer
@@ -121,7 +123,7 @@ def _layer(kind: str, k: int, n: int, device: torch.device) -> ReplicatedLinear:
 
 def layers(device: torch.device) -> list[dict]:
     out = []
-    for kind in ("w8a8", "llm_int8", "fp8"):
+    for kind in ("w8a8", "llm_int8", "fp8", "fp8-static"):
         for (k, n), m in ((4096, 4096), 7), ((4096, 14336), 300), ((96, 40), 5):
             layer = _layer(kind, k, n, device)
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)

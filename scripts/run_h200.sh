@@ -38,6 +38,13 @@
 #         kv-fp8         scripts/fp8_kv_gpu_check.py and fp8_kv_decode_sweep.py, then W1 with kv_cache_dtype auto and fp8 (issue #13's stretch)
 #         eagle-train    the demo EAGLE head trained on the H200 (scripts/demo_model/eagle_device.sh) into
 #                        $OUT/demo-eagle-gpu, copied over lamina/assets/demo-eagle when it beats the shipped one
+#         quant-w8a8     (above); mem-check  scripts/engine_memory_check.py (is a dropped engine's memory given back?)
+#         fp8-static     scripts/fp8_static_gpu_check.py --check h200_payload/fp8 (prepared on a CPU with --prepare)
+#         profile-quant  scripts/profile_decode.py, Llama-3-8B shape, batch-1 decode kernels: bf16, int8, int4
+#         spec-batch-trace  scripts/trace_spec_batch.py (fixed batches of 8 and 32: steps by rows and kind, on and off)
+#         quant-w8a8-layers  scripts/quant_w8a8_gpu_check.py --skip-models (GEMMs and layers only)
+#         kv-fp8-sweep   scripts/fp8_kv_decode_sweep.py alone (the fp8 decode kernel's configs against bf16)
+#         profile-w1     scripts/profile_decode.py, Llama-3-8B shape, 128 requests at ~1,000 tokens: bf16, fp8, fp8 + fp8 KV
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -128,6 +135,28 @@ for step in "$@"; do
         mma-sweep) run mma-sweep env PYTHONPATH=. python scripts/wna16_mma_sweep.py ;;
         spec-decision) run spec-decision python -m lamina.bench.spec_decision --result-file "$OUT/spec-decision.json" ;;
         quant-w8a8) run quant-w8a8 python scripts/quant_w8a8_gpu_check.py --result-file "$OUT/quant-w8a8.json" ;;
+        mem-check) run mem-check env PYTHONPATH=. python scripts/engine_memory_check.py \
+                       --result-file "$OUT/mem-check.json" ;;
+        fp8-static) run fp8-static env PYTHONPATH=. python scripts/fp8_static_gpu_check.py --check h200_payload/fp8 \
+                        --result-file "$OUT/fp8-static.json" ;;
+        profile-quant)
+            for scheme in bf16 int8 int4; do
+                run "profile-$scheme" python scripts/profile_decode.py --shape llama3-8b --scheme "$scheme" \
+                    --result-file "$OUT/profile-$scheme.json"
+            done ;;
+        spec-batch-trace) run spec-batch-trace env PYTHONPATH=. python scripts/trace_spec_batch.py \
+                              --result-file "$OUT/spec-batch-trace.json" ;;
+        quant-w8a8-layers) run quant-w8a8 python scripts/quant_w8a8_gpu_check.py --skip-models \
+                               --result-file "$OUT/quant-w8a8.json" ;;
+        profile-w1)
+            for scheme in bf16 fp8; do
+                run "profile-w1-$scheme" python scripts/profile_decode.py --shape llama3-8b --scheme "$scheme" \
+                    --batch 128 --prompt-len 1000 --steps 8 --result-file "$OUT/profile-w1-$scheme.json"
+            done
+            run "profile-w1-fp8-kv8" python scripts/profile_decode.py --shape llama3-8b --scheme fp8 --batch 128 \
+                --prompt-len 1000 --steps 8 --kv-cache-dtype fp8 --result-file "$OUT/profile-w1-fp8-kv8.json" ;;
+        kv-fp8-sweep) run kv-fp8-sweep env PYTHONPATH=. python scripts/fp8_kv_decode_sweep.py \
+                          --result-file "$OUT/kv-fp8-decode-sweep.json" ;;
         *) echo "unknown step: $step"; status=2 ;;
     esac
 done
