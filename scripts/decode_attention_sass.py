@@ -1,6 +1,5 @@
-"""The paged decode kernel's main loop in sm_90 SASS, for a bf16 cache and for an fp8 (e4m3) one read element by
-element (WORDS 0) and as words (WORDS 1, lamina.kernels.decode_attention_fp8): instructions per KB of K/V and the
-commonest opcodes (issue #13: why the element-reading kernel is slower per byte). Needs no GPU: Triton
+"""The paged decode kernel's main loop in sm_90 SASS, for a bf16 and an fp8 (e4m3) cache: instructions per KB of
+K/V and the commonest opcodes (issue #13: why the fp8 cache's kernel is slower per byte). Needs no GPU: Triton
 compiles for sm_90 ahead of time with its bundled ptxas, and its cuobjdump prints the SASS.
 
     PYTHONPATH=. python scripts/decode_attention_sass.py [--block-n 128] [--warps 4] [--stages 3]
@@ -28,7 +27,6 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from lamina.kernels.decode_attention import _decode_kernel, decode_config  # noqa: E402
-from lamina.kernels.decode_attention_fp8 import _decode_fp8_kernel  # noqa: E402
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 SIXTEENS = ("stride_c", "stride_q", "stride_o", "head_dim", "num_heads")
@@ -38,18 +36,16 @@ def sass(cache: str, overrides: dict) -> str:
     scaled = cache == "*fp8e4nv"
     config = {**decode_config(128, torch.bfloat16, torch.float8_e4m3fn if scaled else torch.bfloat16), **overrides}
     launch = dict(num_warps=config.pop("num_warps"), num_stages=config.pop("num_stages"))
-    kernel = _decode_fp8_kernel if config.pop("WORDS") else _decode_kernel
-    shape = dict(GROUP=4, PAGE=16, BLOCK_D=128, MAX_Q=1, BLOCK_M=16, SPLIT=True, BLOCK_N=config.pop("BLOCK_N"))
-    constexprs = dict(shape, ASM=True) if kernel is _decode_fp8_kernel else dict(shape, PREC="tf32", SCALED=scaled,
-                                                                                   **config)
+    constexprs = dict(GROUP=4, PAGE=16, BLOCK_D=128, PREC="tf32", SCALED=scaled, MAX_Q=1, BLOCK_M=16, SPLIT=True,
+                      **config)
     types = {"k_cache_ptr": cache, "v_cache_ptr": cache, "q_ptr": "*bf16", "out_ptr": "*bf16", "qk_scale": "fp32",
              **{name: "*fp32" for name in ("k_scale_ptr", "v_scale_ptr", "part_acc_ptr", "part_ml_ptr")},
              **{name: "*i32" for name in ("table_ptr", "seq_lens_ptr", "qsl_ptr")}}
-    names = kernel.arg_names
+    names = _decode_kernel.arg_names
     signature = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in names}
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names
              if a not in constexprs and (a.endswith("_ptr") or a.startswith(SIXTEENS))}
-    compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs),
+    compiled = triton.compile(ASTSource(fn=_decode_kernel, signature=signature, constexprs=constexprs, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32), options=launch)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.cubin"
@@ -75,7 +71,7 @@ def main() -> int:
     args = parser.parse_args()
     fp8 = {k: v for k, v in (("BLOCK_N", args.block_n), ("num_warps", args.warps), ("num_stages", args.stages))
            if v is not None}
-    for cache, overrides in (("*bf16", {}), ("*fp8e4nv", {**fp8, "WORDS": 0}), ("*fp8e4nv", {**fp8, "WORDS": 1})):
+    for cache, overrides in (("*bf16", {}), ("*fp8e4nv", fp8)):
         config = {**decode_config(128, torch.bfloat16, torch.float8_e4m3fn if "fp8" in cache else torch.bfloat16),
                   **overrides}
         ops = main_loop(sass(cache, overrides))

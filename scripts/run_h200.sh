@@ -43,6 +43,8 @@
 #         profile-quant  scripts/profile_decode.py, Llama-3-8B shape, batch-1 decode kernels: bf16, int8, int4
 #         spec-batch-trace  scripts/trace_spec_batch.py (fixed batches of 8 and 32: steps by rows and kind, on and off)
 #         quant-w8a8-layers  scripts/quant_w8a8_gpu_check.py --skip-models (GEMMs and layers only)
+#         fp8-stack      the kv-fp8 check and sweep, the 8B W1 profile (fp8 + fp8 KV), lamina.bench.w8a8_speed
+#                        (bf16, fp8, fp8 + fp8 KV)
 #         kv-fp8-sweep   scripts/fp8_kv_decode_sweep.py alone (the fp8 decode kernel's configs against bf16)
 #         profile-w1     scripts/profile_decode.py, Llama-3-8B shape, 128 requests at ~1,000 tokens: bf16, fp8, fp8 + fp8 KV
 set -u
@@ -157,6 +159,14 @@ for step in "$@"; do
                 --prompt-len 1000 --steps 8 --kv-cache-dtype fp8 --result-file "$OUT/profile-w1-fp8-kv8.json" ;;
         kv-fp8-sweep) run kv-fp8-sweep env PYTHONPATH=. python scripts/fp8_kv_decode_sweep.py \
                           --result-file "$OUT/kv-fp8-decode-sweep.json" ;;
+        fp8-stack)
+            run kv-fp8-check env PYTHONPATH=. python scripts/fp8_kv_gpu_check.py --result-file "$OUT/kv-fp8-check.json"
+            run kv-fp8-sweep env PYTHONPATH=. python scripts/fp8_kv_decode_sweep.py \
+                --result-file "$OUT/kv-fp8-decode-sweep.json"
+            run profile-w1-fp8-kv8 python scripts/profile_decode.py --shape llama3-8b --scheme fp8 --batch 128 \
+                --prompt-len 1000 --steps 8 --kv-cache-dtype fp8 --result-file "$OUT/profile-w1-fp8-kv8.json"
+            run w8a8-speed python -m lamina.bench.w8a8_speed --schemes bf16,fp8,fp8+kv8 \
+                --result-file "$OUT/w8a8-speed.json" ;;
         *) echo "unknown step: $step"; status=2 ;;
     esac
 done

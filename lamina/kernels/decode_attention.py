@@ -30,9 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lamina.kernels import decode_attention_fp8 as fp8_words
 from lamina.kernels.prefill_attention import LOG2E, attend_tiles, dot_precision
-from lamina.kernels.store_kv import kernels_interpreted
 
 MAX_SPLITS = 64
 
@@ -128,15 +126,12 @@ def decode_config(head_dim: int, dtype: torch.dtype, kv_dtype: torch.dtype | Non
     """Memory bound: what matters is bytes in flight per SM. 16-bit, D <= 128: K and V tiles of
     64 x 128 x 2 = 16 KB each, 3 stages (96 KB); wider rows or fp32 halve BLOCK_N; fp32 keeps 2 stages.
     An fp8 cache holds twice the keys in the same bytes (BLOCK_N doubles) and, under 16-bit queries, takes
-    its dots in fp16: e4m3 -> fp16 is one conversion per pair, e4m3 -> bf16 goes through fp32. WORDS: the
-    fp8 cache is read as int32 words by lamina.kernels.decode_attention_fp8 (head_dim a power of two >= 64),
-    whose main loop issues 115 warp-instructions per KB of K/V where this kernel's fp8 path issues 178."""
+    its dots in fp16: e4m3 -> fp16 is one conversion per pair, e4m3 -> bf16 goes through fp32, and the
+    conversions, not the bytes, bound the fp8 kernel (scripts/fp8_kv_decode_sweep.py)."""
     wide = dtype == torch.float32 or head_dim > 128
     fp8 = kv_dtype == torch.float8_e4m3fn
-    words = int(fp8 and dtype != torch.float32 and fp8_words.takes(head_dim, max(16, triton.next_power_of_2(head_dim))))
     return dict(BLOCK_N=(32 if wide else 64) * (2 if fp8 else 1), num_warps=4,
-                num_stages=2 if dtype == torch.float32 else 3, F16_DOT=int(fp8 and dtype != torch.float32),
-                WORDS=words)
+                num_stages=2 if dtype == torch.float32 else 3, F16_DOT=int(fp8 and dtype != torch.float32))
 
 
 def choose_num_splits(max_seq_len: int, num_seqs: int, num_kv_heads: int, target_programs: int = 512,
@@ -177,19 +172,15 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     part_ml = q.new_empty((2, num_seqs, max_query_len, num_heads, num_splits) if split else (1,),
                           dtype=torch.float32)
     k_scale, v_scale = kv_scales or (seq_lens, seq_lens)  # unread when not SCALED
-    args = (q, k_cache, v_cache, out, part_acc, part_ml, block_tables, seq_lens, query_start_loc, k_scale, v_scale,
-            q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-            scale * LOG2E, head_dim, num_heads, num_seqs)
-    shape = dict(GROUP=group, MAX_Q=max_query_len, PAGE=k_cache.shape[1], SPLIT=split, BLOCK_D=block_d,
-                 BLOCK_M=max(16, triton.next_power_of_2(max_query_len * group)))
-    launch = {**decode_config(head_dim, q.dtype, k_cache.dtype), **(config or {})}
-    grid = (num_seqs, num_kv_heads, num_splits)
-    if launch.pop("WORDS", 0):
-        launch.pop("F16_DOT", None)
-        fp8_words._decode_fp8_kernel[grid](*args, **shape, ASM=not kernels_interpreted(), **launch)
-    else:
-        _decode_kernel[grid](*args, **shape, PREC=dot_precision(q.dtype), SCALED=kv_scales is not None, **launch)
+    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, out, part_acc, part_ml, block_tables, seq_lens, query_start_loc, k_scale, v_scale,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        scale * LOG2E, head_dim, num_heads, num_seqs,
+        GROUP=group, MAX_Q=max_query_len, PAGE=k_cache.shape[1],
+        BLOCK_M=max(16, triton.next_power_of_2(max_query_len * group)),
+        BLOCK_D=block_d, SPLIT=split, PREC=dot_precision(q.dtype), SCALED=kv_scales is not None,
+        **{**decode_config(head_dim, q.dtype, k_cache.dtype), **(config or {})})
     if split:
         _reduce_kernel[(num_seqs, max_query_len, num_heads)](
             out, part_acc, part_ml, query_start_loc, out.stride(0), out.stride(1),

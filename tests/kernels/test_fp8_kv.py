@@ -78,32 +78,3 @@ def test_decode_over_fp8_clamps_bf16_queries_into_fp16s_range() -> None:
                                          ref_v.float().nan_to_num(0.0), case.metadata, scale)
     assert not out.isnan().any()
     torch.testing.assert_close(out.float(), expected, **tolerance(torch.bfloat16))
-
-
-def test_the_decode_kernel_reads_an_fp8_cache_as_words_where_it_can() -> None:
-    """16-bit queries over an fp8 cache of head_dim a power of two >= 64 take lamina.kernels.decode_attention_fp8
-    (K and V read as int32 words); it equals the element-reading kernel over the same bytes, for a decode, a
-    1 + 3 verification and a split decode."""
-    from lamina.kernels.decode_attention import decode_attention, decode_config
-
-    assert [decode_config(d, dt, FP8)["WORDS"] for d, dt in ((64, torch.bfloat16), (128, torch.float16),
-                                                             (256, torch.bfloat16), (32, torch.bfloat16),
-                                                             (96, torch.bfloat16), (128, torch.float32))] \
-        == [1, 1, 1, 0, 0, 0]
-    assert decode_config(128, torch.bfloat16, torch.bfloat16)["WORDS"] == 0
-    case = make_case([23, 1100, 30], [1, 1, 4], 8, 2, 128, 16, torch.bfloat16, seed=7)
-    k_cache, v_cache = case.k_cache.to(FP8), case.v_cache.to(FP8)
-    scales = (torch.tensor([0.5, 2.0]), torch.tensor([1.5, 0.25]))
-    meta = case.metadata
-    torch_ref.store_kv(case.k, case.v, k_cache, v_cache, meta.slot_mapping, scales)  # the step's own tokens
-    outs = []
-    for words in (1, 0):
-        out = torch.full_like(case.q, float("nan"))
-        decode_attention(case.q, k_cache, v_cache, out, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                         4, case.scale, 2, config={"WORDS": words}, kv_scales=scales)
-        outs.append(out.float())
-    assert not outs[0].isnan().any()
-    torch.testing.assert_close(outs[0], outs[1], atol=2e-2, rtol=2e-2)
-    dequantized = [torch_ref.dequantize(c, s).nan_to_num(0.0) for c, s in ((k_cache, scales[0]), (v_cache, scales[1]))]
-    expected = torch_ref.paged_attention(case.q.float(), *dequantized, meta, case.scale)
-    torch.testing.assert_close(outs[0], expected, **tolerance(torch.bfloat16))

@@ -19,7 +19,6 @@ SCRIPT = textwrap.dedent('''
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from lamina.kernels.decode_attention import _decode_kernel, decode_config
-    from lamina.kernels.decode_attention_fp8 import _decode_fp8_kernel
     from lamina.kernels.prefill_attention import _prefill_kernel
     from lamina.kernels.store_kv import _store_kv_kernel
 
@@ -32,13 +31,8 @@ SCRIPT = textwrap.dedent('''
     attention = dict(GROUP=2, PAGE=16, BLOCK_N=64, BLOCK_D=128, PREC="tf32", SCALED=scaled)
     decode = decode_config(128, torch.bfloat16, torch.float8_e4m3fn if scaled else torch.bfloat16)
     launch = dict(num_warps=decode.pop("num_warps"), num_stages=decode.pop("num_stages"))
-    if decode.pop("WORDS"):  # the fp8 cache read as words, its PTX conversion included (ASM)
-        words = dict(GROUP=2, PAGE=16, BLOCK_D=128, BLOCK_N=decode["BLOCK_N"], MAX_Q=8, BLOCK_M=16, SPLIT=True,
-                     ASM=True)
-        decode_kernel = (_decode_fp8_kernel, words)
-    else:
-        decode_kernel = (_decode_kernel, dict(attention, MAX_Q=8, BLOCK_M=16, SPLIT=True, **decode))
-    for fn, constexprs in ((_store_kv_kernel, dict(BLOCK_H=8, BLOCK_D=128, SCALED=scaled)), decode_kernel,
+    for fn, constexprs in ((_store_kv_kernel, dict(BLOCK_H=8, BLOCK_D=128, SCALED=scaled)),
+                           (_decode_kernel, dict(attention, MAX_Q=8, BLOCK_M=16, SPLIT=True, **decode)),
                            (_prefill_kernel, dict(attention, BLOCK_M=64))):
         signature = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in fn.arg_names}
         compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
@@ -54,5 +48,4 @@ def test_kernels_compile_for_sm90(cache: str) -> None:
     done = subprocess.run([sys.executable, "-c", SCRIPT, cache], capture_output=True, text=True, env=env,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    decode = "_decode_fp8_kernel" if cache == "*fp8e4nv" else "_decode_kernel"
-    assert done.stdout.split() == ["_store_kv_kernel", "ok", decode, "ok", "_prefill_kernel", "ok"]
+    assert done.stdout.split() == ["_store_kv_kernel", "ok", "_decode_kernel", "ok", "_prefill_kernel", "ok"]
