@@ -2,12 +2,18 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
+import json
+import shutil
+import weakref
 
 import pytest
 import torch
 
 from lamina import LLM, SamplingParams, llm as llm_module
 from lamina.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, engine_arg_names
+from lamina.quant import fp8, rtn4
+from lamina.quant.compressed_tensors import config_dict
 from tests.helpers.hf_oracle import hf_greedy, hf_logprobs, load_hf
 from tests.helpers.tiny_models import make_tiny_model
 from tests.helpers.tiny_tokenizer import save_tiny_tokenizer
@@ -235,12 +241,6 @@ def test_unknown_engine_argument_is_named(monkeypatch: pytest.MonkeyPatch) -> No
 def _quantized(model_dir, tmp_path, scheme: str):  # noqa: ANN001, ANN202 - a checkpoint directory
     """A copy of `model_dir` whose config asks for `scheme` (weights loaded as dummies: each quantized layer's
     own loaders and parameters)."""
-    import json
-    import shutil
-
-    from lamina.quant import fp8, rtn4
-    from lamina.quant.compressed_tensors import config_dict
-
     out = tmp_path / scheme
     shutil.copytree(model_dir, out)
     args, activations = (rtn4.weight_args(32), None) if scheme == "int4" else (fp8.weight_args(0),
@@ -255,9 +255,6 @@ def _quantized(model_dir, tmp_path, scheme: str):  # noqa: ANN001, ANN202 - a ch
 def test_a_dropped_engine_frees_its_weights(model_dir, tmp_path, scheme):
     """The engine freezes the heap at start-up (engine.freeze_heap): a frozen reference cycle is never collected,
     and one through a layer (its parameters' weight loaders were bound to it) kept a dropped engine's weights."""
-    import gc
-    import weakref
-
     path = model_dir if scheme is None else _quantized(model_dir, tmp_path, scheme)
     llm = LLM(model=str(path), load_format="auto" if scheme is None else "dummy")
     llm.generate("hello", SamplingParams(max_tokens=4), use_tqdm=False)

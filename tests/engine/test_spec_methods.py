@@ -3,9 +3,12 @@ test): greedy output token-identical to no speculation under the prefix cache on
 preemption; the lookahead KV slots they draft into are held and freed with the request (check_integrity)."""
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 
-from lamina import LLM, SamplingParams
+from lamina import DEMO_EAGLE, DEMO_MEDUSA, DEMO_MODEL, LLM, SamplingParams
 from tests.helpers.tiny_models import make_tiny_model
 from tests.helpers.tiny_tokenizer import save_tiny_tokenizer
 
@@ -106,8 +109,6 @@ def test_eagle_is_exact_and_fed_every_position(model_dir: str, engine: dict, eag
 
 
 def _demo(method: str) -> tuple[str, dict]:
-    from lamina import DEMO_EAGLE, DEMO_MEDUSA, DEMO_MODEL
-
     return DEMO_MODEL, {"method": method, "model": DEMO_EAGLE if method == "eagle" else DEMO_MEDUSA,
                         "num_speculative_tokens": 2, "adaptive": False}
 
@@ -116,9 +117,6 @@ def _demo(method: str) -> tuple[str, dict]:
 def test_a_dropped_engine_frees_its_weights(model_dir: str, method: str) -> None:
     """The heap is frozen after start-up (engine.freeze_heap), so a reference cycle through the worker (the step
     kept by the runner, whose drafting callback held the runner) outlived a dropped engine with every weight."""
-    import gc
-    import weakref
-
     spec = {"method": method, "num_speculative_tokens": 2, "adaptive": False,
             **({"model": model_dir} if method == "draft_model" else {}),
             **({"exit_layer": 2} if method == "early_exit" else {})}
