@@ -46,52 +46,18 @@ def _input_amax(model: torch.nn.Module, prompts: list[list[int]]) -> dict[str, f
     return amax
 
 
-def _write(source: Path, out: Path, static_input: bool, prompts: list[list[int]]) -> None:
-    from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig, QuantizationScheme,
-                                                 apply_quantization_config)
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
-    amax = _input_amax(model, prompts)
-    fp8 = dict(num_bits=8, type="float", symmetric=True)
-    weights = QuantizationArgs(**fp8, strategy="tensor", dynamic=False)
-    inputs = QuantizationArgs(**fp8, strategy="tensor" if static_input else "token", dynamic=not static_input)
-    scheme = QuantizationScheme(targets=["Linear"], weights=weights, input_activations=inputs)
-    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"]))
-    with torch.no_grad():
-        for name, module in model.named_modules():
-            if hasattr(module, "weight_scale"):
-                module.weight_scale.fill_(module.weight.abs().max() / 448)
-                if static_input:
-                    module.input_scale.fill_(amax[name] / 448)
-    compressor = ModelCompressor.from_pretrained_model(model)
-    compressor.compress_model(model)
-    model.save_pretrained(str(out))
-    compressor.update_config(str(out))
-
-
-def _hf_logprobs(model_dir: str, prompts: list[list[int]]) -> list[list[float]]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    out = []
-    with torch.no_grad():
-        for ids in prompts:
-            logprobs = model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
-            out.append([logprobs[i, ids[i + 1]].item() for i in range(len(ids) - 1)])
-    return out
-
-
 def prepare(directory: Path) -> None:
+    from tests.helpers.fp8_checkpoints import fp8_per_tensor_checkpoint
+    from tests.helpers.hf_oracle import hf_prompt_logprobs, load_hf
     from tests.helpers.tiny_models import make_tiny_model
 
     source, prompts = directory / "bf16-yardstick", PROMPTS
     make_tiny_model("llama", source, vocab_size=256, hidden_size=128, head_dim=32, initializer_range=0.2)
-    reference = {"prompts": prompts, "bf16-yardstick": _hf_logprobs(str(source), prompts)}
-    for kind, static in (("fp8-static", True), ("fp8-dynamic", False)):
-        _write(source, directory / kind, static, prompts)
-        reference[kind] = _hf_logprobs(str(directory / kind), prompts)
+    amax = _input_amax(load_hf(str(source)), prompts)
+    reference = {"prompts": prompts, "bf16-yardstick": hf_prompt_logprobs(str(source), prompts)}
+    for kind, scale in (("fp8-static", lambda name: amax[name] / 448), ("fp8-dynamic", None)):
+        fp8_per_tensor_checkpoint(source, directory / kind, scale)
+        reference[kind] = hf_prompt_logprobs(str(directory / kind), prompts)
     (directory / "reference.json").write_text(json.dumps(reference))
     print(f"wrote {directory}: {', '.join(KINDS)} and reference.json")
 

@@ -24,3 +24,14 @@ def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) ->
 def hf_logprobs(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
     """log_softmax of the next-token logits at every position of `tokens`."""
     return torch.log_softmax(model(torch.tensor([tokens])).logits[0].float(), dim=-1)
+
+
+@torch.no_grad()
+def hf_prompt_logprobs(model_dir: str, prompts: list[list[int]]) -> list[list[float]]:
+    """Per prompt, the float32 log-probability of each of its tokens after the first, given the ones before."""
+    model = load_hf(model_dir)
+    out = []
+    for ids in prompts:
+        logprobs = hf_logprobs(model, ids)
+        out.append([logprobs[i, ids[i + 1]].item() for i in range(len(ids) - 1)])
+    return out

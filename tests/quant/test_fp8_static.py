@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lamina import LLM
+from tests.helpers.fp8_checkpoints import fp8_per_tensor_checkpoint
 from tests.helpers.tiny_models import make_tiny_model
 from tests.quant.test_kv_cache_scheme import _hf_logprobs, _lamina_logprobs, _max_diff
 
@@ -20,27 +21,8 @@ INPUT_SCALES = {"q_proj": 0.05, "k_proj": 0.05, "v_proj": 0.05, "o_proj": 0.02, 
 
 
 def _library_checkpoint(source: Path, out: Path, static_input: bool) -> None:
-    from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig, QuantizationScheme,
-                                                 apply_quantization_config)
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
-    fp8 = dict(num_bits=8, type="float", symmetric=True)
-    weights = QuantizationArgs(**fp8, strategy="tensor", dynamic=False)
-    inputs = QuantizationArgs(**fp8, strategy="tensor" if static_input else "token", dynamic=not static_input)
-    scheme = QuantizationScheme(targets=["Linear"], weights=weights, input_activations=inputs)
-    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"]))
-    with torch.no_grad():
-        for name, module in model.named_modules():
-            if hasattr(module, "weight_scale"):
-                module.weight_scale.fill_(module.weight.abs().max() / 448)
-                if static_input:
-                    module.input_scale.fill_(INPUT_SCALES[name.rsplit(".", 1)[1]])
-    compressor = ModelCompressor.from_pretrained_model(model)
-    compressor.compress_model(model)
-    model.save_pretrained(str(out))
-    compressor.update_config(str(out))
+    scale = (lambda name: INPUT_SCALES[name.rsplit(".", 1)[1]]) if static_input else None
+    fp8_per_tensor_checkpoint(source, out, scale)
 
 
 @pytest.fixture(scope="module")

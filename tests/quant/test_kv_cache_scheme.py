@@ -14,6 +14,7 @@ import torch
 from lamina import LLM, SamplingParams
 from lamina.kv.cache import attention_layers
 from lamina.quant.config import parse_quant_config
+from tests.helpers.hf_oracle import hf_prompt_logprobs
 from tests.helpers.tiny_models import make_tiny_model
 
 pytest.importorskip("compressed_tensors")
@@ -44,15 +45,7 @@ def _library_checkpoint(source: Path, out: Path, strategy: str) -> None:
 
 
 def _hf_logprobs(model_dir: Path) -> list[list[float]]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    out = []
-    with torch.no_grad():
-        for ids in PROMPTS:
-            logprobs = model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
-            out.append([logprobs[i, ids[i + 1]].item() for i in range(len(ids) - 1)])
-    return out
+    return hf_prompt_logprobs(str(model_dir), PROMPTS)
 
 
 def _lamina_logprobs(llm: LLM) -> list[list[float]]:
