@@ -37,7 +37,7 @@
 #         spec-gate-batch   the gate's throughput and closed-loop rows only, 5 repeats
 #         kv-fp8         scripts/fp8_kv_gpu_check.py and fp8_kv_decode_sweep.py, then W1 with kv_cache_dtype auto and fp8 (issue #13's stretch)
 #         eagle-train    the demo EAGLE head trained on the H200 (scripts/demo_model/eagle_device.sh) into
-#                        $OUT/demo-eagle-gpu, copied over lamina/assets/demo-eagle when it beats the shipped one
+#                        $OUT/demo-eagle-gpu.tgz, with the shipped head evaluated on the same held-out data
 #         quant-w8a8     (above); mem-check  scripts/engine_memory_check.py (is a dropped engine's memory given back?)
 #         fp8-static     scripts/fp8_static_gpu_check.py --check h200_payload/fp8 (prepared on a CPU with --prepare)
 #         profile-quant  scripts/profile_decode.py, Llama-3-8B shape, batch-1 decode kernels: bf16, int8, int4
@@ -52,7 +52,6 @@ OUT=${OUT:-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 status=0
-EAGLE_SHIPPED=${EAGLE_SHIPPED:-0.7725}  # on-policy mean accepted length of the shipped demo EAGLE head (its README)
 
 run() {  # run NAME CMD...: tee the output to $OUT/NAME.log, remember a failure
     local name=$1
@@ -108,8 +107,7 @@ for step in "$@"; do
         spec-projection) run spec-projection python -m lamina.bench.spec_projection --k 7 \
                              --result-file "$OUT/spec-projection-k7.json" ;;
         eagle-train)
-            run eagle-data env PYTHONPATH=. python scripts/demo_model/medusa_data.py --out /tmp/medusa-data
-            run eagle-train env OUT="$OUT" bash scripts/demo_model/eagle_device.sh /tmp/medusa-data "$EAGLE_SHIPPED" ;;
+            run eagle-train env OUT="$OUT" bash scripts/demo_model/eagle_device.sh ;;
         spec-batch) run spec-batch python -m lamina.bench.spec --methods ngram,ngram-fixed --prompt-sets "" --repeats 5 \
                         --new-tokens 256 --batch-sizes 1,8,32,128,256 --result-file "$OUT/spec-batch.json" ;;
         spec-final) run spec-final python -m lamina.bench.spec --methods ngram,ngram-fixed --new-tokens 256 \

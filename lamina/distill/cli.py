@@ -44,7 +44,8 @@ top-1 agreement with the teacher (--eval-tokens) and on greedy continuations (--
 --method eagle trains an EAGLE-3 head (lamina/distill/eagle.py): the teacher's features from 3 of its layers
 are cached over --train-tokens of train.bin (and --self-generated tokens of its own greedy continuations),
 and one decoder layer learns the teacher's greedy tokens with a --ttt-steps training-time-test unroll (CE
-only). --out receives a head directory for speculative_config {"method": "eagle", "model": OUT}.
+only); with --online the train.bin windows are drawn fresh every step instead (no memory bound, for a GPU).
+--out receives a head directory for speculative_config {"method": "eagle", "model": OUT}.
 """
 
 METHODS = ("draft_model", "medusa", "eagle")
@@ -89,6 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--train-tokens", type=int, default=2_000_000,
       help="medusa / eagle: train.bin tokens to run the teacher over and cache in CPU memory, hidden_size x 2 "
            "bytes each (eagle: x 3) (default 2e6)")
+    a("--online", action="store_true",
+      help="eagle: draw fresh train.bin windows every step and run the teacher over them instead of caching "
+           "--train-tokens once (--train-tokens then sets only their share against --self-generated)")
     a("--ttt-steps", type=int, default=3, help="eagle: steps of the training-time-test unroll (default 3)")
     a("--self-generated", type=int, default=0,
       help="eagle: also train on about this many tokens of the teacher's own greedy continuations (default 0)")

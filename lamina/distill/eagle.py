@@ -10,6 +10,10 @@ token g[p] (its prediction for p + 1). The head trains with training-time test (
                                                                             chain of accepted drafts feeds)
     loss = sum_j 0.8^j CE(lm_head(out_j), label_j) / sum_j 0.8^j          (--ttt-steps steps)
 
+With --online the data windows are not cached: every step draws fresh random windows of train.bin and runs the
+target over them (unbounded data for a GPU; the self-generated continuations stay cached and fill their share of
+each batch, self_generated / (self_generated + train_tokens), as in the cached mix).
+
 Evaluation: the top-1 agreement of each step with g, and the mean accepted length of a --ttt-steps chain (up to
 its first miss), on held-out windows and on the target's greedy continuations of held-out prompts.
 """
@@ -32,7 +36,7 @@ from lamina.spec.eagle_head import EagleHead, EagleHeadConfig, default_aux_layer
 
 from .checkpoint import count_parameters, teacher_and_data
 from .config import TrainConfig
-from .data import TokenData, eval_windows
+from .data import TokenData, WindowSampler, eval_windows
 from .eagle_ttt import unroll
 from .medusa import ON_POLICY, greedy_continuations
 from .trainer import Trainer, _optimizer, apply_step, lr_at
@@ -55,15 +59,23 @@ class EagleFeatures:
 
 
 @torch.no_grad()
+def target_view(teacher: torch.nn.Module, windows: torch.Tensor, layers: list[int]
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target over ``windows`` [W, L + 1] (inputs: all but the last token): features [W, L, 3H] and greedy
+    tokens [W, L], on the target's device."""
+    device = next(teacher.parameters()).device
+    out = teacher(input_ids=windows[:, :-1].to(device), output_hidden_states=True, use_cache=False)
+    return torch.cat([out.hidden_states[i] for i in layers], dim=-1), out.logits.argmax(dim=-1)
+
+
 def collect(teacher: torch.nn.Module, windows: torch.Tensor, layers: list[int], batch_size: int,
             progress: bool = False, desc: str = "target") -> EagleFeatures:
-    """Run the frozen target over ``windows`` [W, L + 1] (inputs: all but the last token)."""
-    device = next(teacher.parameters()).device
+    """The target's view of ``windows`` [W, L + 1], cached in CPU memory (features in bf16)."""
     feats, greedy = [], []
     for chunk in tqdm(windows.split(batch_size), desc=desc, disable=not progress, unit="batch", dynamic_ncols=True):
-        out = teacher(input_ids=chunk[:, :-1].to(device), output_hidden_states=True, use_cache=False)
-        feats.append(torch.cat([out.hidden_states[i] for i in layers], dim=-1).to("cpu", torch.bfloat16))
-        greedy.append(out.logits.argmax(dim=-1).cpu())
+        f, g = target_view(teacher, chunk, layers)
+        feats.append(f.to("cpu", torch.bfloat16))
+        greedy.append(g.cpu())
     return EagleFeatures(torch.cat(feats), torch.cat(greedy), windows)
 
 
@@ -96,26 +108,51 @@ def ttt_losses(head: EagleHead, embed: torch.nn.Module, lm_weight: torch.Tensor,
     return total / weights, logits
 
 
+@dataclass
+class OnlineWindows:
+    """Fresh train windows every step, seen through the target (--online): ``rows`` of each batch."""
+
+    teacher: torch.nn.Module
+    sampler: WindowSampler
+    layers: list[int]
+    rows: int
+
+    def draw(self) -> EagleFeatures:
+        inputs, targets = self.sampler.next_batch()
+        windows = torch.cat([inputs, targets[:, -1:]], dim=1)
+        features, greedy = target_view(self.teacher, windows, self.layers)
+        return EagleFeatures(features, greedy, windows)
+
+
 class EagleTrainer(Trainer):
     """The student Trainer's loop (schedule, time budget, curve) over the head; a step draws ``batch_size``
-    random windows of the cached features."""
+    random windows: of the cached features, or ``online.rows`` of them fresh through the target and the rest
+    cached (the self-generated continuations)."""
 
-    def __init__(self, head: EagleHead, embed: torch.nn.Module, lm_weight: torch.Tensor, data: EagleFeatures,
-                 cfg: TrainConfig, steps: int, loss_positions: int = 0):
+    def __init__(self, head: EagleHead, embed: torch.nn.Module, lm_weight: torch.Tensor, data: EagleFeatures | None,
+                 cfg: TrainConfig, steps: int, loss_positions: int = 0, online: OnlineWindows | None = None):
         self.cfg, self.compiled, self.ttt_steps, self.loss_positions = cfg, False, steps, loss_positions
         self.device = resolve_device(cfg.device)
         self.student = head.to(self.device).train()
         self.embed = embed.to(self.device)
         self.lm_weight = lm_weight.detach().to(self.device, torch.float32)
-        self.data = data
+        self.data, self.online = data, online
         self.optimizer = _optimizer(self.student, cfg, self.device)
         self.generator = torch.Generator().manual_seed(cfg.seed)
 
+    def _batch(self) -> EagleFeatures:
+        cached = self.cfg.batch_size - (self.online.rows if self.online else 0)
+        parts = [self.online.draw()] if self.online else []
+        if cached > 0:
+            rows = torch.randint(0, len(self.data.greedy), (cached,), generator=self.generator)
+            parts.append(EagleFeatures(self.data.features[rows], self.data.greedy[rows], self.data.tokens[rows]))
+        return EagleFeatures(*(torch.cat([getattr(p, f).to(self.device) for p in parts])
+                               for f in ("features", "greedy", "tokens")))
+
     def step(self, step: int, total: int) -> torch.Tensor:
         """One optimizer step; returns the detached ``[total, 0, ce]`` losses (no KL term)."""
-        rows = torch.randint(0, len(self.data.greedy), (self.cfg.batch_size,), generator=self.generator)
-        batch = EagleFeatures(self.data.features[rows].to(self.device, torch.float32),
-                              self.data.greedy[rows].to(self.device), self.data.tokens[rows].to(self.device))
+        batch = self._batch()
+        batch = EagleFeatures(batch.features.float(), batch.greedy, batch.tokens)
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(step, total, self.cfg)
         with torch.autocast(self.device.type, dtype=torch.bfloat16):  # bf16 matmuls on CPU too (AVX512-BF16)
@@ -171,18 +208,32 @@ def head_config(teacher_dir: str, intermediate_size: int | None) -> EagleHeadCon
                            arch.max_position_embeddings)
 
 
+def _self_generated(teacher: torch.nn.Module, data: TokenData, layers: list[int], cfg: TrainConfig,
+                    args: argparse.Namespace, show: bool) -> EagleFeatures:
+    """The target's own greedy continuations of about --self-generated tokens of data prompts, seen by it."""
+    length = cfg.seq_len // 2
+    prompts = -(-args.self_generated // length)
+    seqs = continuations(args.teacher, np.asarray(data.train), prompts, length + 1, args.seed + 1,
+                         str(resolve_device(cfg.device)))[:, :cfg.seq_len + 1]
+    return collect(teacher, seqs, layers, cfg.batch_size, show, "target over its own continuations")
+
+
 def _train_set(teacher: torch.nn.Module, data: TokenData, layers: list[int], cfg: TrainConfig,
-               args: argparse.Namespace, show: bool) -> EagleFeatures:
-    """Data windows, plus the target's own greedy continuations of data prompts (--self-generated)."""
-    sets = [collect(teacher, eval_windows(data.train, cfg.seq_len, args.train_tokens), layers, cfg.batch_size,
-                    show, "target over train.bin")]
+               args: argparse.Namespace, show: bool) -> tuple[EagleFeatures | None, OnlineWindows | None]:
+    """The cached windows (data windows unless --online, plus --self-generated continuations) and, with
+    --online, the fresh windows' share of each batch (module docstring)."""
+    sets = [] if args.online else [collect(teacher, eval_windows(data.train, cfg.seq_len, args.train_tokens),
+                                           layers, cfg.batch_size, show, "target over train.bin")]
     if args.self_generated > 0:
-        length = cfg.seq_len // 2
-        prompts = -(-args.self_generated // length)
-        seqs = continuations(args.teacher, np.asarray(data.train), prompts, length + 1, args.seed + 1,
-                             str(resolve_device(cfg.device)))[:, :cfg.seq_len + 1]
-        sets.append(collect(teacher, seqs, layers, cfg.batch_size, show, "target over its own continuations"))
-    return EagleFeatures(*(torch.cat([getattr(s, f) for s in sets]) for f in ("features", "greedy", "tokens")))
+        sets.append(_self_generated(teacher, data, layers, cfg, args, show))
+    cached = EagleFeatures(*(torch.cat([getattr(s, f) for s in sets]) for f in ("features", "greedy", "tokens"))
+                           ) if sets else None
+    if not args.online:
+        return cached, None
+    share = args.train_tokens / (args.train_tokens + args.self_generated)
+    rows = cfg.batch_size if cached is None else min(cfg.batch_size - 1, max(1, round(cfg.batch_size * share)))
+    sampler = WindowSampler(data.train, cfg.seq_len, rows, resolve_device(cfg.device), cfg.seed)
+    return cached, OnlineWindows(teacher, sampler, layers, rows)
 
 
 def run_eagle(args: argparse.Namespace, cfg: TrainConfig) -> int:
@@ -195,17 +246,20 @@ def run_eagle(args: argparse.Namespace, cfg: TrainConfig) -> int:
         raise ValueError(f"--seq-len {cfg.seq_len} + --ttt-steps {args.ttt_steps} exceeds the teacher's "
                          f"max_position_embeddings {hcfg.max_position_embeddings}")
     layers, show, start = list(hcfg.aux_hidden_state_layers), not args.no_progress, time.perf_counter()
-    train = _train_set(teacher, data, layers, cfg, args, show)
+    cached, online = _train_set(teacher, data, layers, cfg, args, show)
     collect_s = time.perf_counter() - start
+    positions = cached.num_tokens if cached is not None else 0
     torch.manual_seed(cfg.seed)
     head = EagleHead(hcfg).requires_grad_(True)
     if args.init_from:  # go on training a head directory (same target, same shapes)
         from lamina.spec.eagle import load_head
         head.load_state_dict(load_head(args.init_from)[0].float().state_dict())
     print(f"EAGLE head {count_parameters(head):,} params over layers {layers}; target "
-          f"{count_parameters(teacher):,} params; {train.num_tokens:,} positions cached in {collect_s:.0f}s",
+          f"{count_parameters(teacher):,} params; {positions:,} positions cached in {collect_s:.0f}s"
+          + (f"; {online.rows} of {cfg.batch_size} windows a step fresh through the target" if online else ""),
           flush=True)
-    result = EagleTrainer(head, embed, lm_weight, train, cfg, args.ttt_steps, args.loss_positions).run(progress=show)
+    result = EagleTrainer(head, embed, lm_weight, cached, cfg, args.ttt_steps, args.loss_positions, online
+                          ).run(progress=show)
     head.eval()
     save_head(head, args.out, lm_weight.shape[0], args.teacher, torch.bfloat16, target_num_hidden_layers=len(
         getattr(teacher.model, "layers", [])) or None)
@@ -213,7 +267,8 @@ def run_eagle(args: argparse.Namespace, cfg: TrainConfig) -> int:
                "options": {k: v for k, v in vars(args).items() if k != "func"},
                "head_params": count_parameters(head), "teacher_params": count_parameters(teacher),
                "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-               "train": {"positions_cached": train.num_tokens, "collect_seconds": round(collect_s, 1),
+               "train": {"positions_cached": positions, "collect_seconds": round(collect_s, 1),
+                         "online_positions": (online.rows * cfg.seq_len * result.steps) if online else 0,
                          "steps": result.steps, "seconds": round(result.seconds, 1),
                          "final_loss": result.final_loss},
                "curve": [list(point) for point in result.curve],

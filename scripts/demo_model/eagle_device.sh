@@ -1,22 +1,48 @@
 #!/usr/bin/env bash
-# Train the demo EAGLE-3 head on a GPU (lamina distill --method eagle) and keep it in lamina/assets/demo-eagle
-# when it beats the head there on greedy continuations (on-policy mean accepted length of a 3-draft chain).
-#   scripts/demo_model/eagle_device.sh DATA_DIR CURRENT_MEAN_ACCEPTED     (DATA_DIR: medusa_data.py's output)
-set -eu
+# Train the demo EAGLE-3 head on one GPU over the demo model's whole corpus (corpus.py, the shipped tokenizer),
+# fresh windows through the target every step (lamina distill --method eagle --online), and evaluate the
+# shipped head on the same held-out data for comparison (one step at a vanishing learning rate).
+#   OUT=out scripts/demo_model/eagle_device.sh      (BUDGET=300: training seconds; LR, HEAD_ARGS, RUN, WORK below)
+# $OUT receives $RUN.tgz (the head, its distill_summary.json), shipped_summary.json and the logs.
+set -euo pipefail
 OUT=${OUT:-out}
-DATA=$1
-CURRENT=$2
-python -m lamina.distill --method eagle --teacher lamina/assets/demo-model --data "$DATA" --out "$OUT/demo-eagle-gpu" \
-    --device cuda --train-tokens 3000000 --self-generated 500000 --time-budget 150 --batch-size 32 --seq-len 512 \
-    --lr 3e-3 --warmup-steps 50 --kl-weight 0 --ce-weight 1 --eval-tokens 30000 --agreement-positions 2048 \
-    --log-every 200 --ttt-steps 3 --no-progress 2>&1 | tee "$OUT/eagle-train.log" | tail -40
-python - "$OUT/demo-eagle-gpu" "$CURRENT" <<'PY'
-import json, shutil, sys
-run, current = sys.argv[1], float(sys.argv[2])
-accepted = json.load(open(f"{run}/distill_summary.json"))["eval"]["on_policy"]["mean_accepted"]
-keep = accepted > current
-print(f"GPU head: on-policy mean accepted {accepted} vs {current} shipped: {'kept' if keep else 'not kept'}")
-if keep:
-    for name in ("config.json", "model.safetensors"):
-        shutil.copy(f"{run}/{name}", f"lamina/assets/demo-eagle/{name}")
+WORK=${WORK:-/tmp/eagle_work}
+BUDGET=${BUDGET:-300}
+LR=${LR:-1e-3}
+HEAD_ARGS=${HEAD_ARGS:-}  # more distill options, e.g. --head-intermediate-size 2048
+RUN=${RUN:-demo-eagle-gpu}  # the head's directory under $WORK, packed as $OUT/$RUN.tgz
+DEVICE=${DEVICE:-cuda}  # DEVICE=cpu CORPUS_BYTES=3000000 BUDGET=20: a rehearsal on a CPU
+mkdir -p "$OUT" "$WORK"
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+stage() { echo "=== [$SECONDS s] $*"; }
+
+if [ ! -f "$WORK/data/meta.json" ]; then  # a second run in the same $WORK reuses the tokens
+    stage corpus
+    python3 scripts/demo_model/corpus.py --out "$WORK/corpus" --max-total-bytes "${CORPUS_BYTES:-300000000}"
+    stage tokenize
+    python3 scripts/demo_model/tokenize_corpus.py --corpus "$WORK/corpus" --tokenizer lamina/assets/demo-model \
+        --out "$WORK/data"
+fi
+cp "$WORK/corpus/manifest.json" "$OUT/corpus_manifest.json"
+common=(--method eagle --teacher lamina/assets/demo-model --data "$WORK/data" --device "$DEVICE" --batch-size 64
+        --seq-len 512 --ttt-steps 3 --kl-weight 0 --ce-weight 1 --eval-tokens 30000 --agreement-positions 2048
+        --no-progress)
+if [ "${SHIPPED_EVAL:-1}" = 1 ]; then
+    stage "the shipped head, evaluated"
+    python3 -m lamina.distill "${common[@]}" --out "$WORK/shipped" --init-from lamina/assets/demo-eagle \
+        --steps 1 --lr 1e-12 --warmup-steps 0 --train-tokens 40000 --log-every 1 2>&1 \
+        | tee "$OUT/shipped-eval.log" | tail -5
+    cp "$WORK/shipped/distill_summary.json" "$OUT/shipped_summary.json"
+fi
+stage "training for ${BUDGET}s"
+python3 -m lamina.distill "${common[@]}" --out "$WORK/$RUN" --online --train-tokens 4000000 \
+    --self-generated 1000000 --time-budget "$BUDGET" --lr "$LR" --warmup-steps 100 --log-every 500 $HEAD_ARGS \
+    2>&1 | tee "$OUT/eagle-train.log" | tail -60
+tar -czf "$OUT/$RUN.tgz" -C "$WORK" "$RUN"
+python3 - "$WORK/$RUN/distill_summary.json" "$WORK/shipped/distill_summary.json" <<'PY'
+import json, os, sys
+for name, path in zip(("new", "shipped"), filter(os.path.exists, sys.argv[1:])):
+    ev = json.load(open(path))["eval"]
+    print(name, {k: (v["top1"], v["mean_accepted"]) for k, v in ev.items() if isinstance(v, dict) and "top1" in v})
 PY
+stage done

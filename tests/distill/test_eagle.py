@@ -81,3 +81,26 @@ def test_bad_options_are_value_errors(workdir: Path) -> None:
                           str(workdir / "data"), "--out", str(workdir / "x"), "--ttt-steps", "0", "--device", "cpu"])
     with pytest.raises(ValueError, match="--ttt-steps must be >= 1"):
         args.func(args)
+
+
+def test_online_windows_train_the_head_as_well_as_cached_ones(workdir: Path) -> None:
+    """--online: fresh windows through the target every step (mixed with the cached self-generated
+    continuations) teach the head to count as the cached windows do."""
+    out = workdir / "head-online"
+    args = parse_distill([
+        "distill", "--method", "eagle", "--teacher", str(workdir / "target"), "--data", str(workdir / "data"),
+        "--out", str(out), "--ttt-steps", "2", "--steps", "60", "--batch-size", "8", "--seq-len", str(SEQ),
+        "--online", "--train-tokens", "6000", "--self-generated", "2000", "--lr", "1e-2", "--warmup-steps", "5",
+        "--log-every", "10", "--eval-tokens", "1000", "--agreement-positions", "0", "--device", "cpu",
+        "--no-progress",
+    ])
+    assert args.func(args) == 0
+    summary = json.loads((out / "distill_summary.json").read_text())
+    train = summary["train"]
+    # 6 of 8 windows a step fresh (6000 / (6000 + 2000)), the other 2 cached: the continuations of
+    # ceil(2000 / (SEQ / 2)) prompts, SEQ positions each (prompt half + generated half); no train.bin cache
+    assert train["online_positions"] == 6 * SEQ * 60
+    assert train["positions_cached"] == -(-2000 // (SEQ // 2)) * SEQ
+    assert summary["curve"][-1][2] < 0.5 * summary["curve"][0][2]
+    held = summary["eval"]["heldout"]
+    assert held["top1"][0] > 0.6 and held["mean_accepted"] > 0.6
