@@ -1,11 +1,13 @@
-"""Where a step's host time goes, with and without n-gram speculation (issue #12).
+"""Where a step's host time goes, with and without speculation (issue #12).
 
-    python scripts/profile_spec.py [--model DIR] [--new-tokens 512] [--batch-size 1] [--top 30]
+    python scripts/profile_spec.py [--model DIR] [--methods ngram] [--new-tokens 512] [--batch-size 1] [--top 30]
+                                   [--sort tottime|cumtime]
 
 Batch 1: one long greedy and one T=0.6 generation per engine; a larger batch: the throughput prompts of
 lamina.bench.spec at T=0.6. Each under cProfile; prints each engine's step times by kind (from the engine's step
 log), the host time of its speculator's decisions (SpecDecodeStats.draft_seconds over policy_steps) and the
-functions with the most own time.
+functions with the most own (or cumulative) time. --methods: bench labels (lamina.bench.spec.spec_config:
+ngram, eagle, draft_model, eagle-fixed, ngram@3, ...).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import pstats
 import time
 
 from lamina import DEMO_MODEL, LLM, SamplingParams
-from lamina.bench.spec import PROMPT_SETS
+from lamina.bench.spec import PROMPT_SETS, spec_config
 
 PROMPT = "def fibonacci(n):\n"
 
@@ -55,7 +57,8 @@ def profile(label: str, spec: dict | None, args: argparse.Namespace) -> None:
             drafting_ms = 1000 * (after.draft_seconds - before.draft_seconds)
             print(f"   decisions with a request that could draft: {decided}, drafting host time {drafting_ms:.1f} ms "
                   f"({drafting_ms / max(decided, 1):.3f} ms each)")
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(args.top)
+        restrictions = ("lamina/", args.top) if args.sort == "cumtime" else (args.top,)  # cumtime: our frames
+        pstats.Stats(profiler).sort_stats(args.sort).print_stats(*restrictions)
     llm.engine.executor.shutdown()
 
 
@@ -65,11 +68,14 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--methods", default="ngram", help="comma-separated bench labels (default: ngram)")
+    parser.add_argument("--sort", choices=("tottime", "cumtime"), default="tottime")
     args = parser.parse_args()
     if args.batch_size < 1:
         parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
     profile("off", None, args)
-    profile("ngram", {"method": "ngram"}, args)
+    for label in filter(None, args.methods.split(",")):
+        profile(label, spec_config(label), args)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Speculative decoding: each method against none, in one process, on CPU or GPU (issue #12).
 
     python -m lamina.bench.spec [--model DIR] [--methods ngram,draft_model,medusa,early_exit,eagle] [--k K]
+                                [--draft-model DIR] [--medusa-model DIR] [--eagle-model DIR]
                                 [--new-tokens 128] [--batch-sizes 1,8,32] [--concurrency 8,32] [--repeats 3]
                                 [--result-file out.json]
 
@@ -20,7 +21,7 @@ import dataclasses
 import itertools
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -48,17 +49,16 @@ METHODS = ("ngram", "draft_model", "medusa", "early_exit", "eagle")
 FIXED = "-fixed"  # a label suffix: the method with the adaptive policy off
 CLOSED_LOOP_REQUESTS = 3  # a concurrency row's requests, per request in flight
 Workload = Callable[[LLM], tuple[int, float]]  # runs one row on an engine: (tokens, seconds)
+DEMO_MODELS = {"draft_model": DEMO_DRAFT, "medusa": DEMO_MEDUSA, "eagle": DEMO_EAGLE}  # the shipped checkpoints
 
 
-def spec_config(label: str, k: int | None = None, draft_model: str = DEMO_DRAFT,
-                medusa_model: str = DEMO_MEDUSA) -> dict:
+def spec_config(label: str, k: int | None = None, models: Mapping[str, str] = DEMO_MODELS) -> dict:
     """The speculative_config of a bench label: a method, or METHOD-fixed for that method with k fixed (the
     adaptive policy off: a tuned row); either may end in @K for num_speculative_tokens K instead of `k` (None:
-    the method's default)."""
+    the method's default); ``models``: the checkpoint of each method that has one."""
     label, _, own_k = label.partition("@")
     k = int(own_k) if own_k else k
     method = label.removesuffix(FIXED)
-    models = {"draft_model": draft_model, "medusa": medusa_model, "eagle": DEMO_EAGLE}
     config = {"method": method, **({"model": models[method]} if method in models else {}),
               **({} if k is None else {"num_speculative_tokens": k})}
     return {**config, "adaptive": False} if label.endswith(FIXED) else config
@@ -148,7 +148,7 @@ def _median_row(key: dict, measured: list[dict]) -> dict:
 
 
 def run(model_dir: str, methods: list[str], k: int | None, new_tokens: int, batch_sizes: list[int], engine_args: dict,
-        draft_model: str = DEMO_DRAFT, medusa_model: str = DEMO_MEDUSA, repeats: int = 3,
+        models: Mapping[str, str] = DEMO_MODELS, repeats: int = 3,
         disable_progress: bool = False, prompt_sets: list[str] | None = None,
         concurrency: Sequence[int] = ()) -> dict:
     """Every engine is built first; then each row is measured `repeats` times, the engines taking turns within
@@ -156,7 +156,7 @@ def run(model_dir: str, methods: list[str], k: int | None, new_tokens: int, batc
     from tqdm.auto import tqdm
 
     labels = ["off", *methods]
-    configs = {label: None if label == "off" else spec_config(label, k, draft_model, medusa_model) for label in labels}
+    configs = {label: None if label == "off" else spec_config(label, k, models) for label in labels}
     engines = {label: LLM(model=model_dir, speculative_config=configs[label], **engine_args) for label in labels}
     warm_up = [p for prompts in PROMPT_SETS.values() for p in prompts]  # every prompt length's kernels
     for llm in engines.values():
@@ -245,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"batch-1 rows: comma-separated, of {', '.join(PROMPT_SETS)} (empty: none)")
     parser.add_argument("--draft-model", default=DEMO_DRAFT, help="the draft_model method's checkpoint")
     parser.add_argument("--medusa-model", default=DEMO_MEDUSA, help="the medusa method's heads directory")
+    parser.add_argument("--eagle-model", default=DEMO_EAGLE, help="the eagle method's head directory")
     parser.add_argument("--repeats", type=int, default=3, help="measurements of each row (the median is kept)")
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=None,
                         help="per engine (all engines live at once; default on CUDA: 4 GiB each)")
@@ -260,8 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     kv_bytes = args.kv_cache_memory_bytes or (4 << 30 if torch.cuda.is_available() else None)
     engine_args = {} if kv_bytes is None else {"kv_cache_memory_bytes": kv_bytes}
     report = run(args.model, methods, args.k, args.new_tokens, _csv(args.batch_sizes, int), engine_args,
-                 args.draft_model, args.medusa_model, args.repeats, args.disable_tqdm, prompt_sets,
-                 _csv(args.concurrency, int))
+                 {"draft_model": args.draft_model, "medusa": args.medusa_model, "eagle": args.eagle_model},
+                 args.repeats, args.disable_tqdm, prompt_sets, _csv(args.concurrency, int))
     print_tables(report)
     write_report(args.result_file, report)
     return 0
