@@ -129,16 +129,19 @@ class StaticBuffers:
         docstring's layout): three non-blocking copies from the host (ids / positions / slots, seq lens and
         query starts, block tables)."""
         num_tokens, pad_rows = len(batch.input_ids), bucket - batch.num_seqs
-        pad = bucket * self.query_len - num_tokens
-        rows = np.array([list(batch.input_ids) + [0] * pad, list(batch.positions) + [0] * pad,
-                         list(batch.slot_mapping) + [-1] * pad], dtype=np.int64)
+        rows = np.zeros((3, bucket * self.query_len), dtype=np.int64)  # lists or arrays alike, no list copies
+        rows[0, :num_tokens], rows[1, :num_tokens] = batch.input_ids, batch.positions
+        rows[2, :num_tokens], rows[2, num_tokens:] = batch.slot_mapping, -1
         self.token_rows[:, :bucket * self.query_len].copy_(torch.from_numpy(rows), non_blocking=True)
-        lens = list(batch.seq_lens) + [1] * pad_rows
+        lens = np.ones(bucket, dtype=np.int32)
+        lens[:batch.num_seqs] = batch.seq_lens
         if self.query_len == 1:
-            self.seq_lens[:bucket].copy_(torch.from_numpy(np.array(lens, dtype=np.int32)), non_blocking=True)
+            self.seq_lens[:bucket].copy_(torch.from_numpy(lens), non_blocking=True)
         else:
-            starts = list(batch.query_start_loc) + list(range(num_tokens + 1, num_tokens + pad_rows + 1))
-            both = torch.from_numpy(np.array(lens + starts, dtype=np.int32))
+            both = np.empty(2 * bucket + 1, dtype=np.int32)  # seq lens, then query starts (padding rows: 1 token)
+            both[:bucket], both[bucket:bucket + batch.num_seqs + 1] = lens, batch.query_start_loc
+            both[bucket + batch.num_seqs + 1:] = np.arange(num_tokens + 1, num_tokens + pad_rows + 1)
+            both = torch.from_numpy(both)
             self.seq_lens[:bucket].copy_(both[:bucket], non_blocking=True)
             self.query_start_loc[:bucket + 1].copy_(both[bucket:], non_blocking=True)
         tables = np.zeros((bucket, len(batch.block_tables[0])), dtype=np.int32)

@@ -21,6 +21,8 @@ checked against the eager path without a GPU.
 """
 from __future__ import annotations
 
+import itertools
+
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,14 +40,14 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class CatchUp:
-    """The catch-up forward of one call as a flat batch (lamina.graphs.FlatBatch)."""
+    """The catch-up forward of one call as a flat batch (lamina.graphs.FlatBatch): lists or numpy arrays."""
 
-    input_ids: list[int]
-    positions: list[int]
-    slot_mapping: list[int]
-    query_start_loc: list[int]
-    seq_lens: list[int]
-    block_tables: list[list[int]]
+    input_ids: Sequence[int] | np.ndarray
+    positions: Sequence[int] | np.ndarray
+    slot_mapping: Sequence[int] | np.ndarray
+    query_start_loc: Sequence[int] | np.ndarray
+    seq_lens: Sequence[int] | np.ndarray
+    block_tables: Sequence[Sequence[int]] | np.ndarray
 
     @property
     def num_seqs(self) -> int:
@@ -54,9 +56,10 @@ class CatchUp:
 
 def block_table(tables: Sequence[Sequence[int]]) -> np.ndarray:
     """[B, W] int32: each row's block ids, padded with 0 (the null block) to the widest."""
-    out = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int32)
-    for i, blocks in enumerate(tables):
-        out[i, :len(blocks)] = blocks
+    lengths = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
+    out = np.zeros((len(tables), int(lengths.max())), dtype=np.int32)
+    filled = np.arange(out.shape[1]) < lengths[:, None]  # row-major: the ids in the order they are listed
+    out[filled] = np.fromiter(itertools.chain.from_iterable(tables), dtype=np.int32, count=int(lengths.sum()))
     return out
 
 

@@ -13,6 +13,7 @@ catch-up alone) for the steps where nobody drafts but the head must still see ev
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,20 +81,25 @@ class EagleLoops:
     def run(self, rows: list[GraphRow], features: torch.Tensor) -> list[list[int]]:
         """Each row's drafts (its first `limit` tokens) after one replay; `features`: the step's [T, 3H]."""
         loop = self.drafting if any(r.limit for r in rows) else self.feeding
-        positions = np.concatenate([np.arange(r.start, r.start + r.count) for r in rows])
-        feature_rows = np.concatenate([np.arange(r.row, r.row + r.count) for r in rows])
-        row_of = np.repeat(np.arange(len(rows)), [r.count for r in rows])
+        starts, positions, feature_rows, row_of = _flat_rows(rows)
         table = block_table([r.block_ids for r in rows])
-        starts = np.concatenate(([0], np.cumsum([r.count for r in rows])))
-        batch = CatchUp(input_ids=[int(t) for r in rows for t in r.token_ids[r.start + 1:r.start + 1 + r.count]],
-                        positions=positions.tolist(),
-                        slot_mapping=slot_mapping(table, row_of, positions, self.block_size).tolist(),
-                        query_start_loc=starts.tolist(), seq_lens=[r.start + r.count for r in rows],
-                        block_tables=table.tolist())
+        ids = itertools.chain.from_iterable(r.token_ids[r.start + 1:r.start + 1 + r.count] for r in rows)
+        batch = CatchUp(input_ids=np.fromiter(ids, dtype=np.int64, count=len(positions)), positions=positions,
+                        slot_mapping=slot_mapping(table, row_of, positions, self.block_size),
+                        query_start_loc=starts, seq_lens=positions[starts[1:] - 1] + 1, block_tables=table)
         index = torch.from_numpy(feature_rows).to(features.device, non_blocking=True)
         self.net.features[:len(feature_rows)].copy_(features.index_select(0, index))
-        out = loop.run(batch, (starts[1:] - 1).tolist(), [r.start + r.count - 1 for r in rows],
-                       [r.limit for r in rows])
+        out = loop.run(batch, starts[1:] - 1, positions[starts[1:] - 1], [r.limit for r in rows])
         if loop is self.feeding:  # nothing to read: no host sync, so a step launched ahead stays ahead
             return [[] for _ in rows]
         return [tokens[:r.limit] for r, tokens in zip(rows, out.tolist())]  # the one host read
+
+
+def _flat_rows(rows: list[GraphRow]) -> tuple[np.ndarray, ...]:
+    """(query starts [n + 1], head positions [T], feature rows [T], row of each token [T]) of the rows' tokens."""
+    counts = np.fromiter((r.count for r in rows), dtype=np.int64, count=len(rows))
+    starts = np.concatenate(([0], np.cumsum(counts)))
+    row_of = np.repeat(np.arange(len(rows)), counts)
+    offset = np.arange(starts[-1]) - starts[row_of]  # each token's place in its row
+    first = np.array([(r.start, r.row) for r in rows], dtype=np.int64)
+    return starts, first[row_of, 0] + offset, first[row_of, 1] + offset, row_of
