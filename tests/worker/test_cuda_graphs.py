@@ -72,6 +72,23 @@ def test_fill_of_a_verify_graph_packs_tokens_then_one_token_per_padding_row() ->
     assert (md.max_query_len, md.num_seqs, md.slot_mapping.numel()) == (4, 4, 16)
 
 
+def test_fill_takes_numpy_arrays_as_it_takes_lists() -> None:
+    """The EAGLE feed hands fill numpy arrays (lamina/spec/eagle_loop.py): the same buffers as from lists."""
+    import numpy as np
+
+    fields = dict(input_ids=[1, 2, 3, 4, 5], positions=[8, 9, 10, 3, 20], slot_mapping=[24, 25, 26, 11, 36],
+                  query_start_loc=[0, 3, 4, 5], seq_lens=[11, 4, 21], block_tables=[[1, 3], [1, 0], [2, 4]])
+    filled = []
+    for convert in (list, np.asarray):
+        buffers = StaticBuffers.allocate(8, 6, torch.device("cpu"), query_len=4)
+        buffers.fill(HostBatch(**{k: convert(v) for k, v in fields.items()}, logits_indices=[2, 3, 4],
+                               sampling_req_ids=[]), bucket=4)
+        filled.append([t.clone() for t in (buffers.token_rows, buffers.seq_lens, buffers.query_start_loc,
+                                           buffers.block_tables)])
+    assert all(torch.equal(a, b) for a, b in zip(*filled))
+    assert filled[1][2][:5].tolist() == [0, 3, 4, 5, 6]
+
+
 def test_graph_decision() -> None:
     cpu = torch.device("cpu")
     assert graph_decision(cpu, False, "triton", True) == (False, "eager: device is cpu")
