@@ -138,10 +138,10 @@ class StaticBuffers:
         if self.query_len == 1:
             self.seq_lens[:bucket].copy_(torch.from_numpy(lens), non_blocking=True)
         else:
-            both = np.empty(2 * bucket + 1, dtype=np.int32)  # seq lens, then query starts (padding rows: 1 token)
-            both[:bucket], both[bucket:bucket + batch.num_seqs + 1] = lens, batch.query_start_loc
-            both[bucket + batch.num_seqs + 1:] = np.arange(num_tokens + 1, num_tokens + pad_rows + 1)
-            both = torch.from_numpy(both)
+            host = np.empty(2 * bucket + 1, dtype=np.int32)  # seq lens, then query starts (padding rows: 1 token)
+            host[:bucket], host[bucket:bucket + batch.num_seqs + 1] = lens, batch.query_start_loc
+            host[bucket + batch.num_seqs + 1:] = np.arange(num_tokens + 1, num_tokens + pad_rows + 1)
+            both = torch.from_numpy(host)
             self.seq_lens[:bucket].copy_(both[:bucket], non_blocking=True)
             self.query_start_loc[:bucket + 1].copy_(both[bucket:], non_blocking=True)
         tables = np.zeros((bucket, len(batch.block_tables[0])), dtype=np.int32)

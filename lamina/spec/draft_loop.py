@@ -22,7 +22,6 @@ checked against the eager path without a GPU.
 from __future__ import annotations
 
 import itertools
-
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
