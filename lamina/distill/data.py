@@ -80,11 +80,15 @@ class WindowSampler:
         self.offsets = torch.arange(seq_len + 1, device=device)
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return (inputs, targets), each ``[batch_size, seq_len]`` int64, targets shifted by one."""
+    def next_windows(self) -> torch.Tensor:
+        """``[batch_size, seq_len + 1]`` int64 random windows of the stream."""
         high = len(self.tokens) - self.seq_len - 1
         starts = torch.randint(0, high, (self.batch_size,), device=self.tokens.device, generator=self.generator)
-        window = self.tokens[starts[:, None] + self.offsets].long()
+        return self.tokens[starts[:, None] + self.offsets].long()
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return (inputs, targets), each ``[batch_size, seq_len]`` int64, targets shifted by one."""
+        window = self.next_windows()
         return window[:, :-1], window[:, 1:]
 
 

@@ -118,8 +118,7 @@ class OnlineWindows:
     rows: int
 
     def draw(self) -> EagleFeatures:
-        inputs, targets = self.sampler.next_batch()
-        windows = torch.cat([inputs, targets[:, -1:]], dim=1)
+        windows = self.sampler.next_windows()
         features, greedy = target_view(self.teacher, windows, self.layers)
         return EagleFeatures(features, greedy, windows)
 
@@ -146,13 +145,13 @@ class EagleTrainer(Trainer):
         if cached > 0:
             rows = torch.randint(0, len(self.data.greedy), (cached,), generator=self.generator)
             parts.append(EagleFeatures(self.data.features[rows], self.data.greedy[rows], self.data.tokens[rows]))
-        return EagleFeatures(*(torch.cat([getattr(p, f).to(self.device) for p in parts])
-                               for f in ("features", "greedy", "tokens")))
+        features, greedy, tokens = (torch.cat([getattr(p, f).to(self.device) for p in parts])
+                                    for f in ("features", "greedy", "tokens"))
+        return EagleFeatures(features.float(), greedy, tokens)
 
     def step(self, step: int, total: int) -> torch.Tensor:
         """One optimizer step; returns the detached ``[total, 0, ce]`` losses (no KL term)."""
         batch = self._batch()
-        batch = EagleFeatures(batch.features.float(), batch.greedy, batch.tokens)
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(step, total, self.cfg)
         with torch.autocast(self.device.type, dtype=torch.bfloat16):  # bf16 matmuls on CPU too (AVX512-BF16)

@@ -83,13 +83,14 @@ class EagleLoops:
         loop = self.drafting if any(r.limit for r in rows) else self.feeding
         starts, positions, feature_rows, row_of = _flat_rows(rows)
         table = block_table([r.block_ids for r in rows])
+        last = starts[1:] - 1  # each row's last token; its position is the row's base
         ids = itertools.chain.from_iterable(r.token_ids[r.start + 1:r.start + 1 + r.count] for r in rows)
         batch = CatchUp(input_ids=np.fromiter(ids, dtype=np.int64, count=len(positions)), positions=positions,
                         slot_mapping=slot_mapping(table, row_of, positions, self.block_size),
-                        query_start_loc=starts, seq_lens=positions[starts[1:] - 1] + 1, block_tables=table)
+                        query_start_loc=starts, seq_lens=positions[last] + 1, block_tables=table)
         index = torch.from_numpy(feature_rows).to(features.device, non_blocking=True)
         self.net.features[:len(feature_rows)].copy_(features.index_select(0, index))
-        out = loop.run(batch, starts[1:] - 1, positions[starts[1:] - 1], [r.limit for r in rows])
+        out = loop.run(batch, last, positions[last], [r.limit for r in rows])
         if loop is self.feeding:  # nothing to read: no host sync, so a step launched ahead stays ahead
             return [[] for _ in rows]
         return [tokens[:r.limit] for r, tokens in zip(rows, out.tolist())]  # the one host read

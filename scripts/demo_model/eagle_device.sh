@@ -2,7 +2,8 @@
 # Train the demo EAGLE-3 head on one GPU over the demo model's whole corpus (corpus.py, the shipped tokenizer),
 # fresh windows through the target every step (lamina distill --method eagle --online), and evaluate the
 # shipped head on the same held-out data for comparison (one step at a vanishing learning rate).
-#   OUT=out scripts/demo_model/eagle_device.sh      (BUDGET=300: training seconds; LR, HEAD_ARGS, RUN, WORK below)
+#   OUT=out scripts/demo_model/eagle_device.sh      (BUDGET=300: training seconds; LR, HEAD_ARGS, RUN, WORK,
+#   DEVICE below; CORPUS_BYTES=300000000 the corpus size; SHIPPED_EVAL=0 skips scoring the shipped head)
 # $OUT receives $RUN.tgz (the head, its distill_summary.json), shipped_summary.json and the logs.
 set -euo pipefail
 OUT=${OUT:-out}
@@ -11,7 +12,7 @@ BUDGET=${BUDGET:-300}
 LR=${LR:-1e-3}
 HEAD_ARGS=${HEAD_ARGS:-}  # more distill options, e.g. --head-intermediate-size 2048
 RUN=${RUN:-demo-eagle-gpu}  # the head's directory under $WORK, packed as $OUT/$RUN.tgz
-DEVICE=${DEVICE:-cuda}  # DEVICE=cpu CORPUS_BYTES=3000000 BUDGET=20: a rehearsal on a CPU
+DEVICE=${DEVICE:-cuda}  # cpu works too but is slow: its 30,000-token evaluation alone takes over 10 minutes
 mkdir -p "$OUT" "$WORK"
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 stage() { echo "=== [$SECONDS s] $*"; }
