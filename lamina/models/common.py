@@ -12,7 +12,7 @@ through the class attributes below.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -134,6 +134,7 @@ class DecoderModel(nn.Module):
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, kernels)
         self.aux_layers: tuple[int, ...] = ()  # CausalLM.record_aux_hidden_states
         self.aux_hidden_states: torch.Tensor | None = None
+        self.aux_sink: Callable[[torch.Tensor], None] | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.forward_layers(input_ids, positions, len(self.layers))
@@ -148,6 +149,8 @@ class DecoderModel(nn.Module):
             hidden, residual = layer(positions, hidden, residual)
         if self.aux_layers and num_layers == len(self.layers):
             self.aux_hidden_states = torch.cat([aux[i] for i in self.aux_layers], dim=-1)
+            if self.aux_sink is not None:
+                self.aux_sink(self.aux_hidden_states)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -200,23 +203,22 @@ class CausalLM(nn.Module):
         """Like `forward`, through only the first `num_layers` decoder layers (then the final norm)."""
         return self.model.forward_layers(input_ids, positions, num_layers)
 
-    def record_aux_hidden_states(self, layers: tuple[int, ...]) -> None:
+    def record_aux_hidden_states(self, layers: tuple[int, ...],
+                                 sink: Callable[[torch.Tensor], None] | None = None) -> None:
         """From now on every full forward also leaves, in `aux_hidden_states` [T, len(layers) * hidden_size],
-        the residual stream entering each of these layers (EAGLE-3's features: lamina/spec/eagle.py); () stops."""
+        the residual stream entering each of these layers (EAGLE-3's features: lamina/spec/eagle.py), and hands
+        it to `sink` within the forward (so inside a captured CUDA graph too); () stops."""
         bad = [i for i in layers if not 0 <= i < self.arch.num_hidden_layers]
         if bad:
             raise ValueError(f"aux_hidden_state_layers: {bad} are not layers of this model (0 .. "
                              f"{self.arch.num_hidden_layers - 1})")
         self.model.aux_layers, self.model.aux_hidden_states = tuple(layers), None
+        self.model.aux_sink = sink if layers else None
 
     @property
     def aux_hidden_states(self) -> torch.Tensor | None:
         """The last full forward's features of `record_aux_hidden_states` (None when not recording)."""
         return self.model.aux_hidden_states
-
-    @aux_hidden_states.setter
-    def aux_hidden_states(self, value: torch.Tensor | None) -> None:
-        self.model.aux_hidden_states = value  # a CUDA graph replay points it at the graph's copy
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden_size] -> float32 logits [N, vocab_size]."""

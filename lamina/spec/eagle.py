@@ -1,61 +1,51 @@
 """EagleProposer: the EAGLE-3 head (lamina/spec/eagle_head.py) drafts from the target's own features.
 
-The target records the features f[p] (its residual stream entering 3 of its layers) of every position it
-computes (CausalLM.record_aux_hidden_states); after each step the worker feeds the head every position the step
-computed whose next token is now verified, and the head keeps its own one-layer paged KV cache, indexed by the
-target's block ids like a draft model's (lamina/spec/draft_model.py). Head position p holds (token p + 1, f[p]):
+The target hands the features f[p] (its residual stream entering 3 of its layers) of every position it computes
+to the proposer (CausalLM.record_aux_hidden_states' sink), which keeps fc(f[p]) at the token's KV slot: one
+matmul and one scatter inside the target's forward (inside its CUDA graph: no host work), so the features
+outlive the step in the blocks of the request, like its K/V. The head itself runs only when a
+request drafts: it first catches up on the positions it has not seen since it last drafted for that request,
+reading their features by slot. Head position p holds (token p + 1, fc(f[p])):
 
-    one request after step t, N = len(token_ids), the step computed target positions [c, c + q):
-    position     0 ........ c ............ N - 2 | N - 1      N       ...  N - 3 + k
+    one request, N = len(token_ids), the head has fed positions [0, fed) since it last drafted for it:
+    position     0 ........ fed ........... N - 2 | N - 1      N       ...  N - 3 + k
     fed          (earlier)  | token p+1, fc(f[p]) | d0, y      d1, y    ...  d(k-2), y     y: the head's own
     forward                 |  catch-up (1 call)  | draft 1    draft 2  ...  draft k - 1   pre-norm output of
     logits at               N - 2 -> d0           | N-1 -> d1, ...,  N-3+k -> d(k-1)       the step before
-    head KV written at [c, N - 3 + k], inside [0, N - 1 + num_drafts): the request's blocks
+    head KV written at [fed, N - 3 + k], inside [0, N - 1 + num_drafts): the request's blocks;  fed := N - 1
 
-The catch-up covers [c, min(c + q, N - 1)): a prompt chunk that samples nothing is fed too (its next tokens are
-prompt tokens), the positions of rejected drafts are not (the target recomputes them, and the head is fed
-them then). So every verified position is fed exactly when the target computes it, and nothing is kept per
-request: the draft positions' KV is overwritten by the next catch-up, a preempted request is fed again as it is
-recomputed, and a prefix-cache hit finds the head's KV in the same blocks, written when they were computed.
-Drafts are greedy (one-hot proposals, exact under the verify step's rule); they never decide the output.
-With CUDA graphs (compile_and_capture) a call is one replay: the catch-up and the k - 1 steps in one graph, or the
-catch-up alone when nobody drafts (lamina/spec/eagle_loop.py).
+Every position below N - 1 was computed by the target with its verified token (a rejected draft's position is
+computed again, and its slot's features rewritten, before the catch-up reaches it), so the catch-up reads the
+features a continuously fed head would have seen, and drafts the same tokens. The positions of drafts (N - 1 and
+on) are fed again by the next catch-up. A request that does not draft costs the head nothing but the store: while
+the policy keeps drafting off, the head does not run. `forget`
+drops a request's `fed` (finished, or preempted: its blocks may change), so it starts again from position 0;
+a prefix-cache hit reads the features stored when the shared blocks were computed. Drafts are greedy (one-hot
+proposals, exact under the verify step's rule); they never decide the output. With CUDA graphs
+(compile_and_capture) a call is one replay: the catch-up and the k - 1 steps in one graph
+(lamina/spec/eagle_loop.py); a catch-up longer than the graph's rows is fed eagerly first.
 """
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from safetensors.torch import load_file
 
 from lamina.attention.backends import get_attention_backend
-from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
+from lamina.attention.metadata import AttentionMetadata, get_attention_metadata, set_attention_metadata
 from lamina.device import packed_to_device
 from lamina.kv.cache import KVCache, allocate_kv_caches, bind_kv_caches, kv_cache_bytes_per_block
 from lamina.models.common import CausalLM
 from lamina.models.names import format_names
 from lamina.spec.eagle_head import FIELD, WEIGHTS, EagleHead, read_head_config
 from lamina.spec.draft_loop import block_table, slot_mapping
-from lamina.spec.eagle_loop import EagleLoops, GraphRow
+from lamina.spec.eagle_loop import CatchUpRow, EagleLoops
 from lamina.spec.model_proposer import DraftRequest
 
-__all__ = ["EagleProposer", "Feed", "load_head"]
-
-
-@dataclass(slots=True)
-class Feed:
-    """One request's positions [start, start + count) computed by the step, whose features are rows
-    [row, row + count) of the step's features; token_ids: its verified tokens after the step."""
-
-    req_id: str
-    token_ids: Sequence[int]
-    block_ids: list[int]
-    start: int
-    count: int
-    row: int
+__all__ = ["EagleProposer", "load_head"]
 
 
 def load_head(model_dir: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
@@ -77,9 +67,20 @@ def load_head(model_dir: str, device: torch.device | str = "cpu", dtype: torch.d
     return head.to(device=device, dtype=dtype).eval().requires_grad_(False), raw
 
 
+def feature_store(features: torch.Tensor, fc: torch.nn.Module, dtype: torch.dtype) -> Callable[[torch.Tensor], None]:
+    """The target's aux sink (CausalLM.record_aux_hidden_states): keep fc(f) of the forward's tokens (aux [T, 3H])
+    at their KV slots in `features`. It runs inside the forward, so inside its CUDA graph: no host work a step. A
+    token that stores no KV (slot -1: graph padding) writes into the null block. It holds the tensor and the
+    layer, not the proposer: the target keeps it, and a reference cycle would outlive a dropped engine."""
+    def store(aux: torch.Tensor) -> None:
+        slots = get_attention_metadata().slot_mapping.clamp(min=0)
+        features.index_copy_(0, slots, fc(aux.to(dtype)))
+    return store
+
+
 class EagleProposer:
-    """The ModelProposer of `speculative_config.method == "eagle"`; the worker calls `propose_fed` (module
-    docstring). ValueError naming speculative_config.model when the head was trained for another target."""
+    """The ModelProposer of `speculative_config.method == "eagle"` (module docstring). ValueError naming
+    speculative_config.model when the head was trained for another target."""
 
     def __init__(self, model_dir: str, target: CausalLM, dtype: torch.dtype, device: torch.device | str,
                  attention_backend: str = "auto") -> None:
@@ -101,15 +102,23 @@ class EagleProposer:
                                            num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
         self.block_size = 0  # set by bind_cache
         self.kv_caches: list[KVCache] = []
+        self.features = torch.empty(0, cfg.hidden_size, dtype=dtype, device=self.device)  # [slots, H], bind_cache
+        self._fed: dict[str, int] = {}  # req id -> head positions [0, fed) hold verified tokens
         self.loops: EagleLoops | None = None  # set by compile_and_capture
-        target.record_aux_hidden_states(cfg.aux_hidden_state_layers)
+        target.record_aux_hidden_states(cfg.aux_hidden_state_layers)  # the sink comes with bind_cache
 
     def kv_bytes_per_block(self, block_size: int) -> int:
-        return kv_cache_bytes_per_block(self.kv_arch, block_size, self.dtype)
+        """The head's K/V and the stored features of one block's tokens."""
+        feature_bytes = block_size * self.cfg.hidden_size * self.features.element_size()
+        return kv_cache_bytes_per_block(self.kv_arch, block_size, self.dtype) + feature_bytes
 
     def bind_cache(self, num_blocks: int, block_size: int) -> None:
         self.kv_caches = allocate_kv_caches(self.kv_arch, num_blocks, block_size, self.dtype, self.device)
         bind_kv_caches(self.head, self.kv_caches)
+        self.features = torch.zeros(num_blocks * block_size, self.cfg.hidden_size, dtype=self.dtype,
+                                    device=self.device)
+        self.target.record_aux_hidden_states(self.cfg.aux_hidden_state_layers,
+                                             sink=feature_store(self.features, self.head.fc, self.dtype))
         self.block_size = block_size
 
     def compile_and_capture(self, max_batch_size: int, max_model_len: int, num_drafts: int,
@@ -120,142 +129,107 @@ class EagleProposer:
             return
         kwargs = {} if graph_cls is None else {"graph_cls": graph_cls}
         max_len = min(max_model_len, self.cfg.max_position_embeddings)
-        self.loops = EagleLoops(self.head, self.target, num_drafts, max_batch_size, max_len, self.block_size,
-                                self.dtype, self.device, **kwargs)
+        self.loops = EagleLoops(self.head, self.target, self.features, num_drafts, max_batch_size, max_len,
+                                self.block_size, self.device, **kwargs)
         self.loops.capture_all()
 
     def forget(self, req_ids: Iterable[str]) -> None:
-        """Nothing is kept per request (module docstring)."""
-
-    def propose(self, requests: list[DraftRequest], hidden: torch.Tensor) -> list[list[int]]:
-        """Without the step's features the head cannot draft (the worker calls `propose_fed`)."""
-        return [[] for _ in requests]
+        for req_id in req_ids:
+            self._fed.pop(req_id, None)
 
     @torch.inference_mode()
-    def propose_fed(self, feeds: list[Feed], requests: list[DraftRequest], features: torch.Tensor
-                    ) -> list[list[int]]:
-        """Feed the head every position of `feeds` (features [T, 3H]: the step's rows), then draft up to
-        num_drafts tokens for each of `requests` whose feed ends at its position N - 2 (the others get none)."""
+    def propose(self, requests: list[DraftRequest], hidden: torch.Tensor) -> list[list[int]]:
+        """Up to num_drafts tokens for each request, after catching the head up on its unseen positions (`hidden`,
+        the target's last hidden states, is not used: the head reads the stored features)."""
         if not self.block_size:
-            raise RuntimeError("EagleProposer.propose_fed called before bind_cache")
+            raise RuntimeError("EagleProposer.propose called before bind_cache")
         drafts: list[list[int]] = [[] for _ in requests]
-        if not feeds:
-            return drafts
-        limits = self._limits(requests, feeds)
-        plan = self._graph_plan(feeds, limits) if self.loops is not None else None
-        if plan is not None:
-            return self._propose_in_graph(*plan, features, drafts)
-        return self._propose_eagerly(feeds, requests, limits, features, drafts)
-
-    def _propose_eagerly(self, feeds: list[Feed], requests: list[DraftRequest], limits: dict[str, tuple[int, int]],
-                         features: torch.Tensor, drafts: list[list[int]]) -> list[list[int]]:
-        """One catch-up forward over every feed, then k - 1 one-token steps of the drafting requests."""
-        normed, y = self._catch_up(feeds, features)
-        ends, offset = {}, 0
-        for feed in feeds:
-            offset += feed.count
-            ends[feed.req_id] = offset - 1
-        rows = sorted(((i, limit) for i, limit in limits.values()), key=lambda r: -r[1])
+        rows = self._plan(requests)
         if not rows:
             return drafts
-        last = torch.tensor([ends[requests[i].req_id] for i, _ in rows], dtype=torch.int64, device=self.device)
-        token = self.target.compute_logits(normed.index_select(0, last)).argmax(dim=-1)
-        y, columns = y.index_select(0, last), [token]
-        for j in range(1, rows[0][1]):
-            count = sum(limit > j for _, limit in rows)
-            token, y = self._step([requests[i] for i, _ in rows[:count]], j, token[:count], y[:count])
-            columns.append(token)
-        flat = torch.cat(columns).tolist()  # the one host read
-        offset = 0
-        for column in columns:
-            for (index, _), t in zip(rows, flat[offset:offset + len(column)]):
-                drafts[index].append(t)
-            offset += len(column)
+        if self.loops is not None and self.loops.fits(len(rows), max(len(r.block_ids) for r in rows)):
+            self._propose_in_graph(rows, drafts)
+        else:
+            self._propose_eagerly(rows, drafts)
+        for row in rows:
+            self._fed[row.req_id] = len(row.token_ids) - 1
         return drafts
 
-    def _limits(self, requests: list[DraftRequest], feeds: list[Feed]) -> dict[str, tuple[int, int]]:
-        """req id -> (index, drafts) of the requests that draft: their feed ends at position N - 2."""
-        ends = {f.req_id for f in feeds if f.start + f.count == len(f.token_ids) - 1}
-        limits = {}
+    def _plan(self, requests: list[DraftRequest]) -> list[CatchUpRow]:
+        """A catch-up row per request that drafts: head positions [fed, N - 1), at least the base N - 2."""
+        rows = []
         for index, request in enumerate(requests):
             n = len(request.token_ids)
             limit = min(request.num_drafts, self.cfg.max_position_embeddings - n + 2)
-            if request.req_id not in ends or limit < 1:
+            if n < 2 or limit < 1:
                 continue
             if len(request.block_ids) * self.block_size < n - 1 + limit:
                 raise ValueError(f"block_ids of request {request.req_id!r}: {len(request.block_ids)} block(s) of "
                                  f"{self.block_size} do not cover positions [0, {n - 1 + limit})")
-            limits[request.req_id] = (index, limit)
-        return limits
+            start = min(self._fed.get(request.req_id, 0), n - 2)
+            rows.append(CatchUpRow(request.req_id, request.token_ids, request.block_ids, start, n - 1 - start,
+                                   limit, index))
+        return rows
 
-    def _graph_plan(self, feeds: list[Feed], limits: dict[str, tuple[int, int]]
-                    ) -> tuple[list[GraphRow], list[Feed]] | None:
-        """(the loop's rows, the feeds fed eagerly first), or None when the rows do not fit the captured graphs (the
-        call then runs eagerly). A feed longer than q is fed eagerly: all of it, or all but its last position when
-        it drafts (that one stays a row)."""
-        rows, eager = [], []
-        for f in feeds:
-            index, limit = limits.get(f.req_id, (-1, 0))
-            if f.count <= self.loops.q:
-                rows.append(GraphRow(f.token_ids, f.block_ids, f.start, f.count, f.row, limit, index))
-            elif limit:
-                eager.append(dataclasses.replace(f, count=f.count - 1))
-                rows.append(GraphRow(f.token_ids, f.block_ids, f.start + f.count - 1, 1, f.row + f.count - 1, limit,
-                                     index))
-            else:
-                eager.append(f)
-        width = max(len(f.block_ids) for f in feeds)
-        return (rows, eager) if self.loops.fits(len(rows), width) else None
+    def _propose_in_graph(self, rows: list[CatchUpRow], drafts: list[list[int]]) -> None:
+        """Rows longer than the graph's q feed all but their base eagerly first; then one replay for every row."""
+        long = [r for r in rows if r.count > self.loops.q]
+        if long:
+            self._catch_up([dataclasses.replace(r, count=r.count - 1) for r in long])
+            rows = [dataclasses.replace(r, start=r.base, count=1) if r.count > self.loops.q else r for r in rows]
+        for row, tokens in zip(rows, self.loops.run(rows)):
+            drafts[row.index] = tokens
 
-    def _propose_in_graph(self, rows: list[GraphRow], eager: list[Feed], features: torch.Tensor,
-                          drafts: list[list[int]]) -> list[list[int]]:
-        """Feed `eager` eagerly, then one replay for every row."""
-        if eager:
-            self._catch_up(eager, features)
-        if not rows:
-            return drafts
-        for row, tokens in zip(rows, self.loops.run(rows, features)):
-            if row.limit:
-                drafts[row.index] = tokens
-        return drafts
+    def _propose_eagerly(self, rows: list[CatchUpRow], drafts: list[list[int]]) -> None:
+        """One catch-up forward over every row, then k - 1 one-token steps of the rows that want more."""
+        rows = sorted(rows, key=lambda r: -r.limit)  # the rows of step j are a prefix
+        normed, y = self._catch_up(rows)
+        (last,) = packed_to_device([np.cumsum([r.count for r in rows]) - 1], np.int64, self.device)
+        token = self.target.compute_logits(normed.index_select(0, last)).argmax(dim=-1)
+        y, columns = y.index_select(0, last), [token]
+        for j in range(1, rows[0].limit):
+            count = sum(r.limit > j for r in rows)
+            token, y = self._step(rows[:count], j, token[:count], y[:count])
+            columns.append(token)
+        flat = torch.cat(columns).tolist()  # the one host read
+        offset = 0
+        for column in columns:
+            for row, token_id in zip(rows, flat[offset:offset + len(column)]):
+                drafts[row.index].append(token_id)
+            offset += len(column)
 
-    def _catch_up(self, feeds: list[Feed], features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One flat forward over every feed's positions: (normed, y) [sum(count), H]."""
-        ids = np.concatenate([np.asarray(f.token_ids[f.start + 1:f.start + 1 + f.count], dtype=np.int64)
-                              for f in feeds])
-        rows = np.concatenate([np.arange(f.row, f.row + f.count) for f in feeds])
-        positions = np.concatenate([np.arange(f.start, f.start + f.count) for f in feeds])
-        row_of = np.repeat(np.arange(len(feeds)), [f.count for f in feeds])
-        query_start = np.concatenate(([0], np.cumsum([f.count for f in feeds])))
-        seq_lens = np.array([f.start + f.count for f in feeds], dtype=np.int64)
-        table = block_table([f.block_ids for f in feeds])
-        ids_dev, pos_dev, rows_dev = packed_to_device([ids, positions, rows], np.int64, self.device)
-        x = self.head.fc(features.index_select(0, rows_dev).to(self.dtype))
-        return self._forward(ids_dev, x, pos_dev, self._slots(table, row_of, positions), query_start, seq_lens,
-                             table)
+    def _catch_up(self, rows: list[CatchUpRow]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One flat forward over head positions [start, start + count) of every row: (normed, y) [sum(count), H]."""
+        counts = np.array([r.count for r in rows], dtype=np.int64)
+        ids = np.concatenate([np.asarray(r.token_ids[r.start + 1:r.start + 1 + r.count], dtype=np.int64)
+                              for r in rows])
+        row_of = np.repeat(np.arange(len(rows)), counts)
+        query_start = np.concatenate(([0], np.cumsum(counts)))
+        positions = np.array([r.start for r in rows], dtype=np.int64)[row_of] + np.arange(len(ids)) \
+            - query_start[row_of]
+        table = block_table([r.block_ids for r in rows])
+        slots = slot_mapping(table, row_of, positions, self.block_size)
+        ids_dev, pos_dev, slot_dev = packed_to_device([ids, positions, slots], np.int64, self.device)
+        x = self.features.index_select(0, slot_dev)
+        return self._forward(ids_dev, x, pos_dev, slot_dev, query_start, positions[query_start[1:] - 1] + 1, table)
 
-    def _step(self, requests: list[DraftRequest], j: int, token: torch.Tensor, y: torch.Tensor
+    def _step(self, rows: list[CatchUpRow], j: int, token: torch.Tensor, y: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draft step j: feed (draft j - 1, y) at position N - 2 + j of each request; (draft j, new y)."""
-        positions = np.array([len(r.token_ids) - 2 + j for r in requests], dtype=np.int64)
-        table = block_table([r.block_ids for r in requests])
-        slots = self._slots(table, np.arange(len(requests)), positions)
-        (pos_dev,) = packed_to_device([positions], np.int64, self.device)
-        normed, y = self._forward(token, y, pos_dev, slots, np.arange(len(requests) + 1), positions + 1, table)
+        """Draft step j: feed (draft j - 1, y) at position base + j of each row; (draft j, new y)."""
+        positions = np.array([r.base + j for r in rows], dtype=np.int64)
+        table = block_table([r.block_ids for r in rows])
+        slots = slot_mapping(table, np.arange(len(rows)), positions, self.block_size)
+        pos_dev, slot_dev = packed_to_device([positions, slots], np.int64, self.device)
+        normed, y = self._forward(token, y, pos_dev, slot_dev, np.arange(len(rows) + 1), positions + 1, table)
         return self.target.compute_logits(normed).argmax(dim=-1), y
 
-    def _forward(self, ids: torch.Tensor, x: torch.Tensor, positions: torch.Tensor, slots: np.ndarray,
+    def _forward(self, ids: torch.Tensor, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                  query_start: np.ndarray, seq_lens: np.ndarray, table: np.ndarray) -> tuple[torch.Tensor, ...]:
-        slot_dev, = packed_to_device([slots], np.int64, self.device)
         starts, lens, table_dev = packed_to_device([query_start.astype(np.int32), seq_lens.astype(np.int32),
                                                     table.ravel()], np.int32, self.device)
         metadata = AttentionMetadata(
-            slot_mapping=slot_dev, query_start_loc=starts, seq_lens=lens, block_tables=table_dev.view(table.shape),
+            slot_mapping=slots, query_start_loc=starts, seq_lens=lens, block_tables=table_dev.view(table.shape),
             max_query_len=int(np.diff(query_start).max()), max_seq_len=int(seq_lens.max()),
             query_start_loc_cpu=query_start.tolist(), seq_lens_cpu=seq_lens.tolist())
         with set_attention_metadata(metadata):
             return self.head(self.target.model.embed_tokens(ids), x, positions)
-
-    def _slots(self, table: np.ndarray, row_of: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        return slot_mapping(table, row_of, positions, self.block_size)
-

@@ -41,7 +41,6 @@ class GraphSet:
     buffers: StaticBuffers
     graphs: dict[int, Graph] = field(default_factory=dict)
     outputs: dict[int, torch.Tensor] = field(default_factory=dict)
-    aux: dict[int, torch.Tensor] = field(default_factory=dict)  # the model's aux_hidden_states, when it records
 
 
 class CudaGraphRunner:
@@ -78,16 +77,8 @@ class CudaGraphRunner:
 
         def forward() -> torch.Tensor:
             with set_attention_metadata(metadata):
-                hidden = self.model(ids, pos)
-            aux = getattr(self.model, "aux_hidden_states", None)
-            if aux is not None:  # the one a capture records is the tensor every replay rewrites
-                buffers_aux[bucket] = aux
-            return hidden
-        buffers_aux = self._aux_of(buffers)
+                return self.model(ids, pos)
         return forward
-
-    def _aux_of(self, buffers: StaticBuffers) -> dict[int, torch.Tensor]:
-        return next(s.aux for s in self.sets.values() if s.buffers is buffers)
 
     def _set_for(self, batch: HostBatch) -> GraphSet | None:
         """The captured set of the shortest query length that holds the batch's longest row."""
@@ -109,6 +100,4 @@ class CudaGraphRunner:
         if input_ids is not None:
             graph_set.buffers.input_ids[:num_tokens].copy_(input_ids)
         graph_set.graphs[bucket].replay()
-        if bucket in graph_set.aux:  # EAGLE's features of this replay (lamina/spec/eagle.py)
-            self.model.aux_hidden_states = graph_set.aux[bucket][:num_tokens]
         return graph_set.outputs[bucket][:num_tokens]

@@ -22,7 +22,7 @@ from lamina.sampling_params import SamplingParams
 from lamina.step import ModelRunnerOutput, SchedulerOutput
 from lamina.worker.batch_state import BatchState
 from lamina.worker.cuda_graphs import CudaGraphRunner
-from lamina.worker.drafter import Drafter, StepFeatures
+from lamina.worker.drafter import Drafter
 from lamina.worker.input_batch import HostBatch, plan_batch, to_device
 from lamina.worker.pending_step import PendingStep, Verified
 from lamina.worker.penalty_state import PenaltyState
@@ -63,10 +63,9 @@ class ModelRunner:
         return pending
 
     def _draft_after(self, pending: PendingStep, scheduled: SchedulerOutput, host: HostBatch,
-                     hidden: torch.Tensor, features: StepFeatures | None = None) -> PendingStep:
-        """Let the drafter propose for `scheduled.draft_limits` (and take the step's `features`: EAGLE) once the
-        step's tokens are read."""
-        if self.drafter is None or not (scheduled.draft_limits or features) or pending.on_result is None:
+                     hidden: torch.Tensor) -> PendingStep:
+        """Let the drafter propose for `scheduled.draft_limits` once the step's tokens are read."""
+        if self.drafter is None or not scheduled.draft_limits or pending.on_result is None:
             return pending
         starts, row = {}, 0
         for req_id, k in zip(host.sampling_req_ids, host.num_draft_tokens):
@@ -76,7 +75,7 @@ class ModelRunner:
 
         def record_and_draft(output: ModelRunnerOutput) -> None:
             record(output)
-            drafter.draft(scheduled.draft_limits, output, states, hidden, starts, features)  # never raises
+            drafter.draft(scheduled.draft_limits, output, states, hidden, starts)  # never raises
         pending.on_result = record_and_draft
         return pending
 
@@ -90,14 +89,11 @@ class ModelRunner:
         host = plan_batch(scheduled, self.states, self.block_size)
         ahead_ids = self._ahead_input_ids(host.sampling_req_ids, previous) if scheduled.decode_ahead else None
         hidden, self._prompt_logprobs = split_prompt_rows(self.model, self._forward(host, ahead_ids), host)
-        features = None if self.drafter is None else self.drafter.features(self.model, scheduled.req_ids, host)
         if not host.sampling_req_ids:
-            if features is not None:  # an EAGLE head is fed the prompt chunks too
-                self.drafter.draft({}, None, self.states, None, {}, features)
             return PendingStep([], None)
         logits = self.model.compute_logits(hidden)
         if any(host.num_draft_tokens):
-            self._last = self._draft_after(self._verify(logits, host), scheduled, host, hidden, features)
+            self._last = self._draft_after(self._verify(logits, host), scheduled, host, hidden)
             return self._last
         req_ids, positions = host.sampling_req_ids, host.sample_positions
         try:
@@ -106,8 +102,8 @@ class ModelRunner:
             if is_fatal(err):
                 raise
             return self._draft_after(self._sample_isolating(logits, req_ids, positions, err), scheduled, host,
-                                     hidden, features)
-        self._last = self._draft_after(self._pending(req_ids, out), scheduled, host, hidden, features)
+                                     hidden)
+        self._last = self._draft_after(self._pending(req_ids, out), scheduled, host, hidden)
         return self._last
 
     def _verify(self, logits: torch.Tensor, host: HostBatch) -> PendingStep:

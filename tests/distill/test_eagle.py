@@ -10,10 +10,12 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from lamina.attention.metadata import prefill_metadata, set_attention_metadata  # noqa: E402
 from lamina.distill.eagle_ttt import unroll  # noqa: E402
+from lamina.kv.cache import allocate_kv_caches, bind_kv_caches  # noqa: E402
 from lamina.loader.hf_config import load_model_arch  # noqa: E402
 from lamina.loader.model_loader import load_model  # noqa: E402
-from lamina.spec.eagle import EagleProposer, Feed  # noqa: E402
+from lamina.spec.eagle import EagleProposer  # noqa: E402
 from lamina.spec.eagle_head import EagleHead, EagleHeadConfig  # noqa: E402
 from lamina.spec.model_proposer import DraftRequest  # noqa: E402
 from tests.distill.counting import counting_workdir, parse_distill  # noqa: E402
@@ -70,9 +72,12 @@ def test_eagle_cli_lowers_the_loss_and_writes_a_loadable_head(workdir: Path) -> 
     target = load_model(str(workdir / "target"), load_model_arch(str(workdir / "target")), torch.float32, "cpu")
     proposer = EagleProposer(str(out), target, torch.float32, "cpu")
     proposer.bind_cache(8, 16)
+    bind_kv_caches(target, allocate_kv_caches(target.arch, 8, 16, torch.float32, "cpu"))
     tokens = [3, 4, 5, 6, 7, 8]
-    drafts = proposer.propose_fed([Feed("a", tokens, [1], 0, 5, 0)], [DraftRequest("a", tokens, [1], 3)],
-                                  torch.randn(5, 3 * TINY["hidden_size"]))
+    metadata = prefill_metadata([5], 16)  # the target computes positions 0 .. 4 in block 1: the head's features
+    with torch.no_grad(), set_attention_metadata(metadata):
+        target(torch.tensor(tokens[:5]), torch.arange(5))
+    drafts = proposer.propose([DraftRequest("a", tokens, metadata.block_tables[0].tolist(), 3)], torch.zeros(1, 1))
     assert len(drafts[0]) == 3
 
 

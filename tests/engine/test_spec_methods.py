@@ -76,18 +76,18 @@ def eagle_drafts(model_dir: str, tmp_path_factory) -> tuple[str, dict]:
 def _eagle_run(model_dir: str, head: str, engine: dict) -> tuple[list, dict, LLM]:
     from lamina.spec.eagle import EagleProposer
     seen: dict = {}
-    original = EagleProposer.propose_fed
+    original = EagleProposer.propose
 
-    def spy(self, feeds, requests, features):  # noqa: ANN001, ANN202 - records what the engine drafted
-        drafts = original(self, feeds, requests, features)
+    def spy(self, requests, hidden):  # noqa: ANN001, ANN202 - records what the engine drafted
+        drafts = original(self, requests, hidden)
         seen.update({tuple(r.token_ids): tuple(d) for r, d in zip(requests, drafts)})
         return drafts
-    EagleProposer.propose_fed = spy
+    EagleProposer.propose = spy
     try:
         got, llm = _run(model_dir, {"method": "eagle", "model": head, "num_speculative_tokens": 3,
                                     "adaptive": False}, **engine)
     finally:
-        EagleProposer.propose_fed = original
+        EagleProposer.propose = original
     return got, seen, llm
 
 

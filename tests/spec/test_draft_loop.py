@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from lamina.spec.draft_loop import block_table, slot_mapping
-from lamina.spec.eagle_loop import GraphRow, _flat_rows
+from lamina.spec.eagle_loop import CatchUpRow, _flat_rows
 
 
 def test_block_table_pads_ragged_rows_with_the_null_block() -> None:
@@ -20,12 +20,12 @@ def test_slot_mapping_reads_each_tokens_block() -> None:
     assert slots.tolist() == [3 * 16 + 15, 5 * 16 + 0, 7 * 16 + 2]
 
 
-def test_flat_rows_lays_out_each_rows_positions_and_feature_rows() -> None:
-    rows = [GraphRow([0] * 20, [1], start=4, count=3, row=0, limit=2, index=0),
-            GraphRow([0] * 20, [2], start=9, count=1, row=3, limit=0, index=-1),
-            GraphRow([0] * 20, [3], start=0, count=2, row=7, limit=3, index=1)]
-    starts, positions, feature_rows, row_of = _flat_rows(rows)
+def test_flat_rows_lays_out_each_rows_positions() -> None:
+    rows = [CatchUpRow("a", [0] * 20, [1], start=4, count=3, limit=2, index=0),
+            CatchUpRow("b", [0] * 20, [2], start=9, count=1, limit=1, index=2),
+            CatchUpRow("c", [0] * 20, [3], start=0, count=2, limit=3, index=1)]
+    starts, positions, row_of = _flat_rows(rows)
     assert starts.tolist() == [0, 3, 4, 6]
     assert positions.tolist() == [4, 5, 6, 9, 0, 1]
-    assert feature_rows.tolist() == [0, 1, 2, 3, 7, 8]
     assert row_of.tolist() == [0, 0, 0, 1, 2, 2]
+    assert [r.base for r in rows] == [6, 9, 1]

@@ -1,6 +1,7 @@
 """The EAGLE-3 proposer (lamina/spec/eagle.py): the target's aux features equal HF's hidden states, the paged
-head drafts what the trainer's unrolled head computes (fed in one piece or in chunks, after rejected drafts),
-and bad head directories are ValueErrors naming speculative_config.model."""
+head drafts what the trainer's unrolled head computes (features stored in one piece or in chunks, drafting
+between them or only at the end, after rejected drafts, after `forget`), and bad head directories are
+ValueErrors naming speculative_config.model."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ from lamina.kv.cache import allocate_kv_caches, bind_kv_caches
 from lamina.loader.hf_config import load_model_arch
 from lamina.loader.model_loader import load_model
 from lamina.models.common import CausalLM
-from lamina.spec.eagle import EagleProposer, Feed
+from lamina.spec.eagle import EagleProposer
 from lamina.spec.eagle_head import EagleHead, EagleHeadConfig, default_aux_layers, save_head
 from lamina.distill.eagle_ttt import unroll
 from lamina.spec.model_proposer import DraftRequest
@@ -99,40 +100,76 @@ def _reference_drafts(proposer: EagleProposer, feats: torch.Tensor, tokens: list
     return drafts
 
 
+def _slots(blocks: list[int], start: int, count: int) -> list[int]:
+    return [blocks[p // BS] * BS + p % BS for p in range(start, start + count)]
+
+
+def compute(target: CausalLM, tokens: list[int], blocks: list[int], start: int, count: int) -> None:
+    """The target computes positions [start, start + count) of `tokens` as a step does (its KV and, through its
+    aux sink, an EAGLE proposer's stored features at the positions' slots in `blocks`)."""
+    end = start + count
+    slots = _slots(blocks, start, count)
+    metadata = AttentionMetadata(
+        slot_mapping=torch.tensor(slots), query_start_loc=torch.tensor([0, count], dtype=torch.int32),
+        seq_lens=torch.tensor([end], dtype=torch.int32), block_tables=torch.tensor([blocks], dtype=torch.int32),
+        max_query_len=count, max_seq_len=end, query_start_loc_cpu=[0, count], seq_lens_cpu=[end])
+    with torch.no_grad(), set_attention_metadata(metadata):
+        target(torch.tensor(tokens[start:end]), torch.arange(start, end))
+
+
+def _proposer(target_dir: Path, target: CausalLM, tmp_path: Path, num_blocks: int, backend: str = "auto"
+              ) -> EagleProposer:
+    """A random head over `target`, both with caches of num_blocks blocks of BS."""
+    proposer = EagleProposer(str(make_head_dir(target_dir, tmp_path / "h")), target, torch.float32, "cpu", backend)
+    proposer.bind_cache(num_blocks, BS)
+    bind_kv_caches(target, allocate_kv_caches(target.arch, num_blocks, BS, torch.float32, "cpu"))
+    return proposer
+
+
 @pytest.mark.parametrize("chunks", [[9], [4, 5], [1, 3, 5]], ids=["one", "two", "three"])
 def test_paged_drafts_equal_the_unrolled_head(target_dir: Path, target: CausalLM, tmp_path: Path,
                                               chunks: list[int]) -> None:
+    """The target computes positions 0 .. 8 in chunks; the head drafts after each chunk (catching up on that
+    chunk) or, in "one", only once at the end (catching up on all of them)."""
     tokens = [5, 9, 1, 44, 3, 3, 70, 2, 11, 64]  # N = 10: positions 0 .. 8 are fed
-    proposer = EagleProposer(str(make_head_dir(target_dir, tmp_path / "h")), target, torch.float32, "cpu")
-    proposer.bind_cache(16, BS)
-    feats = _hf_features(target_dir, tokens, list(proposer.cfg.aux_hidden_state_layers))
+    proposer = _proposer(target_dir, target, tmp_path, 16)
+    layers = list(proposer.cfg.aux_hidden_state_layers)
+    feats = _hf_features(target_dir, tokens, layers)
     blocks = [3, 7, 1, 12]  # cover [0, N - 1 + k) = [0, 13)
     start = 0
     for count in chunks:
-        request = [DraftRequest("r", tokens, blocks, 4)] if start + count == len(tokens) - 1 else []
-        drafts = proposer.propose_fed([Feed("r", tokens, blocks, start, count, 0)], request,
-                                      feats[start:start + count])
+        compute(target, tokens, blocks, start, count)
         start += count
-    assert drafts == [_reference_drafts(proposer, feats, tokens, 4)]
-    # The drafts are rejected: the next step verifies 2 more tokens; the stale draft KV is overwritten.
-    longer = tokens + [drafts[0][0] ^ 1, 8]
-    feats = _hf_features(target_dir, longer, list(proposer.cfg.aux_hidden_state_layers))
-    got = proposer.propose_fed([Feed("r", longer, blocks, 9, 2, 0)], [DraftRequest("r", longer, blocks, 2)],
-                               feats[9:11])
+        if start == count:  # the target's forward stored the features; the head has not run yet
+            assert not any(t.any() for kv in proposer.kv_caches for t in kv)
+            assert proposer.features[_slots(blocks, 0, count)].abs().min() > 0
+        seen = tokens[:start + 1]
+        if len(seen) >= 2:
+            drafts = proposer.propose([DraftRequest("r", seen, blocks, 4)], torch.zeros(1, 1))
+            assert drafts == [_reference_drafts(proposer, feats, seen, 4)]
+    # The verify step computes positions 9 .. 13 (the newest token and the 4 drafts); draft 0 is accepted, draft 1
+    # rejected: positions 9 and 10 are verified, 11 .. 13 hold rejected drafts (not read), the draft KV is stale.
+    compute(target, tokens + drafts[0], blocks, 9, 5)
+    longer = tokens + [drafts[0][0], drafts[0][1] ^ 1]
+    feats = _hf_features(target_dir, longer, layers)
+    got = proposer.propose([DraftRequest("r", longer, blocks, 2)], torch.zeros(1, 1))
+    assert got == [_reference_drafts(proposer, feats, longer, 2)]
+    # Preempted and recomputed in other blocks: forget, then a catch-up from position 0.
+    proposer.forget(["r"])
+    moved = [9, 10, 11, 13]
+    compute(target, longer, moved, 0, 11)
+    got = proposer.propose([DraftRequest("r", longer, moved, 2)], torch.zeros(1, 1))
     assert got == [_reference_drafts(proposer, feats, longer, 2)]
 
 
-def test_no_drafts_for_a_request_whose_feed_stops_short(target_dir: Path, target: CausalLM, tmp_path: Path) -> None:
-    proposer = EagleProposer(str(make_head_dir(target_dir, tmp_path / "h")), target, torch.float32, "cpu")
-    proposer.bind_cache(8, BS)
-    tokens = [1, 2, 3, 4, 5, 6]
-    feats = torch.randn(6, 3 * target.arch.hidden_size)
-    got = proposer.propose_fed([Feed("a", tokens, [1, 2, 3], 0, 3, 0)],
-                               [DraftRequest("a", tokens, [1, 2, 3], 3), DraftRequest("b", tokens, [4, 5, 6], 3)],
-                               feats)
-    assert got == [[], []]
-    assert proposer.propose([DraftRequest("a", tokens, [1, 2, 3], 3)], feats[:1]) == [[]]
-    assert proposer.kv_bytes_per_block(BS) == 2 * BS * 2 * 16 * 4  # one layer, 2 kv heads of 16, fp32
+def test_no_drafts_for_a_request_of_one_token(target_dir: Path, target: CausalLM, tmp_path: Path) -> None:
+    proposer = _proposer(target_dir, target, tmp_path, 8)
+    compute(target, [1, 2, 3, 4, 5, 6], [1, 2], 0, 5)
+    got = proposer.propose([DraftRequest("a", [7], [1, 2], 3), DraftRequest("b", [1, 2, 3, 4, 5, 6], [1, 2], 3)],
+                           torch.zeros(2, 1))
+    assert got[0] == [] and len(got[1]) == 3
+    # one layer, 2 kv heads of 16, fp32; and each token's stored features (fp32)
+    assert proposer.kv_bytes_per_block(BS) == 2 * BS * 2 * 16 * 4 + BS * target.arch.hidden_size * 4
 
 
 @pytest.mark.parametrize("overrides, match", [
@@ -178,15 +215,13 @@ def test_the_shipped_head_drafts_and_is_accepted_on_the_demo_model() -> None:
 def test_the_captured_loops_draft_what_the_unrolled_head_does(target_dir: Path, target: CausalLM,
                                                               tmp_path: Path) -> None:
     """compile_and_capture (EagerGraph on CPU, the Triton kernels under the interpreter, as a CUDA graph runs them):
-    one call feeds a long prompt that drafts (its prefix eagerly), a verify's two positions, a prompt chunk that
-    does not draft (eagerly, all of it) and a one-token feed of a request without drafts, in a bucket with a
-    padding row; a later feed-only call (nobody drafts) and a drafting call after it give the unrolled head's
-    drafts."""
+    one call drafts for a long prompt (its catch-up eagerly but for the base), a request two positions behind and
+    a short one, in a bucket with a padding row; a request that did not draft while 11 positions were computed
+    catches up on all of them in the next call; each gives the unrolled head's drafts."""
     import tests.kernels.conftest  # noqa: F401 - TRITON_INTERPRET=1 and the interpreter fixes
     from lamina.graphs import EagerGraph
 
-    proposer = EagleProposer(str(make_head_dir(target_dir, tmp_path / "h")), target, torch.float32, "cpu", "triton")
-    proposer.bind_cache(32, BS)
+    proposer = _proposer(target_dir, target, tmp_path, 32, "triton")
     proposer.compile_and_capture(max_batch_size=8, max_model_len=64, num_drafts=3, warm_up=None,
                                  graph_cls=EagerGraph)
     layers = list(proposer.cfg.aux_hidden_state_layers)
@@ -195,20 +230,45 @@ def test_the_captured_loops_draft_what_the_unrolled_head_does(target_dir: Path, 
     blocks = {"a": [3, 7, 1, 12], "b": [5, 2, 9], "c": [10, 11, 13, 14], "d": [15, 16]}
     feats = {r: _hf_features(target_dir, tokens, layers) for r, tokens in seqs.items()}
 
-    def call(spans: dict[str, tuple[int, int]], drafting: dict[str, int]) -> dict[str, list[int]]:
-        feeds, rows, row = [], [], 0
-        for r, (start, count) in spans.items():
-            feeds.append(Feed(r, seqs[r], blocks[r], start, count, row))
-            rows.append(feats[r][start:start + count])
-            row += count
+    def propose(drafting: dict[str, int]) -> dict[str, list[int]]:
         requests = [DraftRequest(r, seqs[r], blocks[r], k) for r, k in drafting.items()]
-        return dict(zip(drafting, proposer.propose_fed(feeds, requests, torch.cat(rows))))
+        return dict(zip(drafting, proposer.propose(requests, torch.zeros(len(requests), 1))))
 
-    # b's first 2 positions and d's first one were fed by an earlier (eager-sized) call
-    call({"b": (0, 2), "d": (0, 1)}, {})
-    got = call({"a": (0, 9), "b": (2, 2), "c": (0, 5), "d": (1, 1)}, {"a": 3, "b": 2, "c": 3})
-    assert got == {"a": _reference_drafts(proposer, feats["a"], seqs["a"], 3),
-                   "b": _reference_drafts(proposer, feats["b"], seqs["b"], 2), "c": []}
-    call({"c": (5, 4)}, {})  # feed-only: the feeding loop
-    got = call({"c": (9, 2)}, {"c": 3})
-    assert got == {"c": _reference_drafts(proposer, feats["c"], seqs["c"], 3)}
+    for r, start, count in (("b", 0, 2), ("d", 0, 1), ("a", 0, 9), ("b", 2, 2), ("c", 0, 5), ("d", 1, 1)):
+        compute(target, seqs[r], blocks[r], start, count)
+    got = propose({"a": 3, "b": 2, "d": 1})
+    assert got == {r: _reference_drafts(proposer, feats[r], seqs[r], k) for r, k in (("a", 3), ("b", 2), ("d", 1))}
+    compute(target, seqs["c"], blocks["c"], 5, 6)
+    assert propose({"c": 3}) == {"c": _reference_drafts(proposer, feats["c"], seqs["c"], 3)}
+
+
+def test_replayed_target_steps_store_what_eager_steps_do(target_dir: Path, tmp_path: Path) -> None:
+    """The target's CUDA-graph replays (EagerGraph on CPU, the Triton kernels under the interpreter) hand their
+    features to the head's store as its eager steps do (a padding row's into the null block): the engine's drafts
+    and tokens are the same either way."""
+    import tests.kernels.conftest  # noqa: F401 - TRITON_INTERPRET=1 and the interpreter fixes
+    from lamina import LLM, SamplingParams
+    from lamina.graphs import EagerGraph
+    from lamina.worker.cuda_graphs import CudaGraphRunner
+
+    spec = {"method": "eagle", "model": str(make_head_dir(target_dir, tmp_path / "h")), "num_speculative_tokens": 3,
+            "adaptive": False}
+    prompts = [{"prompt_token_ids": p} for p in ([5, 9, 1, 44, 3], [8, 1, 6], [20, 21, 22, 23, 24, 25, 26])]
+
+    def run(graphs: bool) -> tuple[list, list]:
+        llm = LLM(model=str(target_dir), skip_tokenizer_init=True, attention_backend="triton", device="cpu",
+                  block_size=BS, num_kv_blocks=64, max_num_seqs=4, max_model_len=64, speculative_config=spec)
+        worker = llm.engine.executor.worker
+        if graphs:
+            worker.runner.graphs = CudaGraphRunner(worker.model, 4, worker.max_model_len, BS, torch.device("cpu"),
+                                                   graph_cls=EagerGraph, query_lens=(1, 4))
+            worker.runner.graphs.capture_all()
+        proposer, drafts = worker.runner.drafter.proposer, []
+        propose = proposer.propose
+        proposer.propose = lambda requests, hidden: drafts.append(propose(requests, hidden)) or drafts[-1]
+        out = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+        llm.engine.check_integrity()
+        return [o.outputs[0].token_ids for o in out], drafts
+
+    eager, replayed = run(False), run(True)
+    assert replayed == eager and sum(len(d) for call in eager[1] for d in call) > 20
