@@ -3,9 +3,9 @@
 The target hands the features f[p] (its residual stream entering 3 of its layers) of every position it computes
 to the proposer (CausalLM.record_aux_hidden_states' sink), which keeps fc(f[p]) at the token's KV slot: one
 matmul and one scatter inside the target's forward (inside its CUDA graph: no host work), so the features
-outlive the step in the blocks of the request, like its K/V. The head itself runs only when a
-request drafts: it first catches up on the positions it has not seen since it last drafted for that request,
-reading their features by slot. Head position p holds (token p + 1, fc(f[p])):
+outlive the step in the blocks of the request, like its K/V. The head itself runs only when a request drafts: it
+first catches up on the positions it has not seen since it last drafted for that request, reading their
+features by slot. Head position p holds (token p + 1, fc(f[p])):
 
     one request, N = len(token_ids), the head has fed positions [0, fed) since it last drafted for it:
     position     0 ........ fed ........... N - 2 | N - 1      N       ...  N - 3 + k
@@ -17,13 +17,13 @@ reading their features by slot. Head position p holds (token p + 1, fc(f[p])):
 Every position below N - 1 was computed by the target with its verified token (a rejected draft's position is
 computed again, and its slot's features rewritten, before the catch-up reaches it), so the catch-up reads the
 features a continuously fed head would have seen, and drafts the same tokens. The positions of drafts (N - 1 and
-on) are fed again by the next catch-up. A request that does not draft costs the head nothing but the store: while
-the policy keeps drafting off, the head does not run. `forget`
-drops a request's `fed` (finished, or preempted: its blocks may change), so it starts again from position 0;
-a prefix-cache hit reads the features stored when the shared blocks were computed. Drafts are greedy (one-hot
-proposals, exact under the verify step's rule); they never decide the output. With CUDA graphs
-(compile_and_capture) a call is one replay: the catch-up and the k - 1 steps in one graph
-(lamina/spec/eagle_loop.py); a catch-up longer than the graph's rows is fed eagerly first.
+on) are fed again by the next catch-up. A request that does not draft costs the head nothing but the store:
+while the policy keeps drafting off, the head does not run. `forget` drops a request's `fed` (finished, or
+preempted: its blocks may change), so it starts again from position 0; a prefix-cache hit reads the features
+stored when the shared blocks were computed. Drafts are greedy (one-hot proposals, exact under the verify step's
+rule); they never decide the output. With CUDA graphs (compile_and_capture) a call is one replay: the catch-up
+and the k - 1 steps in one graph (lamina/spec/eagle_loop.py); a catch-up longer than the graph's rows is fed
+eagerly first.
 """
 from __future__ import annotations
 
