@@ -67,6 +67,17 @@ def slot_mapping(table: np.ndarray, row_of: np.ndarray, positions: np.ndarray, b
     return table[row_of, positions // block_size].astype(np.int64) * block_size + positions % block_size
 
 
+def append_columns(columns: list[torch.Tensor], indices: Sequence[int], drafts: list[list[int]]) -> None:
+    """Eager drafting's host read: column j holds draft j of the first len(column j) rows; row i's drafts are
+    appended to drafts[indices[i]] (one read of every column)."""
+    flat = torch.cat(columns).tolist()
+    offset = 0
+    for column in columns:
+        for index, token in zip(indices, flat[offset:offset + len(column)]):
+            drafts[index].append(token)
+        offset += len(column)
+
+
 class LoopNet(Protocol):
     """What a DraftLoop runs (inside a graph: device tensors in, device tensors out, no host reads)."""
 

@@ -39,7 +39,7 @@ from lamina.device import packed_to_device
 from lamina.kv.cache import KVCache, allocate_kv_caches, bind_kv_caches, kv_cache_bytes_per_block
 from lamina.loader.hf_config import load_model_arch
 from lamina.loader.model_loader import load_model
-from lamina.spec.draft_loop import CatchUp, DraftLoop, ModelNet, block_table, slot_mapping
+from lamina.spec.draft_loop import CatchUp, DraftLoop, ModelNet, append_columns, block_table, slot_mapping
 from lamina.spec.model_proposer import DraftRequest
 
 __all__ = ["DraftModelProposer"]
@@ -143,12 +143,7 @@ class DraftModelProposer:
         for j in range(1, rows[0].limit):
             count = sum(r.limit > j for r in rows)
             columns.append(self._decode(rows[:count], j, columns[-1][:count], table, table_dev))
-        flat = torch.cat(columns).tolist()  # the one host read
-        offset = 0
-        for column in columns:
-            for row, token in zip(rows, flat[offset:offset + len(column)]):
-                drafts[row.index].append(token)
-            offset += len(column)
+        append_columns(columns, [r.index for r in rows], drafts)  # the one host read
         for row in rows:
             self._remember(row, drafts[row.index])
         return drafts

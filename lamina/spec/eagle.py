@@ -28,7 +28,7 @@ eagerly first.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
@@ -41,8 +41,8 @@ from lamina.kv.cache import KVCache, allocate_kv_caches, bind_kv_caches, kv_cach
 from lamina.models.common import CausalLM
 from lamina.models.names import format_names
 from lamina.spec.eagle_head import FIELD, WEIGHTS, EagleHead, read_head_config
-from lamina.spec.draft_loop import block_table, slot_mapping
-from lamina.spec.eagle_loop import CatchUpRow, EagleLoops
+from lamina.spec.draft_loop import append_columns, block_table, slot_mapping
+from lamina.spec.eagle_loop import CatchUpRow, EagleLoops, catch_up_batch
 from lamina.spec.model_proposer import DraftRequest
 
 __all__ = ["EagleProposer", "load_head"]
@@ -191,27 +191,15 @@ class EagleProposer:
             count = sum(r.limit > j for r in rows)
             token, y = self._step(rows[:count], j, token[:count], y[:count])
             columns.append(token)
-        flat = torch.cat(columns).tolist()  # the one host read
-        offset = 0
-        for column in columns:
-            for row, token_id in zip(rows, flat[offset:offset + len(column)]):
-                drafts[row.index].append(token_id)
-            offset += len(column)
+        append_columns(columns, [r.index for r in rows], drafts)  # the one host read
 
     def _catch_up(self, rows: list[CatchUpRow]) -> tuple[torch.Tensor, torch.Tensor]:
         """One flat forward over head positions [start, start + count) of every row: (normed, y) [sum(count), H]."""
-        counts = np.array([r.count for r in rows], dtype=np.int64)
-        ids = np.concatenate([np.asarray(r.token_ids[r.start + 1:r.start + 1 + r.count], dtype=np.int64)
-                              for r in rows])
-        row_of = np.repeat(np.arange(len(rows)), counts)
-        query_start = np.concatenate(([0], np.cumsum(counts)))
-        positions = np.array([r.start for r in rows], dtype=np.int64)[row_of] + np.arange(len(ids)) \
-            - query_start[row_of]
-        table = block_table([r.block_ids for r in rows])
-        slots = slot_mapping(table, row_of, positions, self.block_size)
-        ids_dev, pos_dev, slot_dev = packed_to_device([ids, positions, slots], np.int64, self.device)
-        x = self.features.index_select(0, slot_dev)
-        return self._forward(ids_dev, x, pos_dev, slot_dev, query_start, positions[query_start[1:] - 1] + 1, table)
+        batch, _ = catch_up_batch(rows, self.block_size)
+        ids, positions, slots = packed_to_device([batch.input_ids, batch.positions, batch.slot_mapping], np.int64,
+                                                 self.device)
+        return self._forward(ids, self.features.index_select(0, slots), positions, slots, batch.query_start_loc,
+                             batch.seq_lens, batch.block_tables)
 
     def _step(self, rows: list[CatchUpRow], j: int, token: torch.Tensor, y: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,7 +24,7 @@ from lamina.models.common import CausalLM
 from lamina.spec.draft_loop import CatchUp, DraftLoop, block_table, slot_mapping
 from lamina.spec.eagle_head import EagleHead
 
-__all__ = ["CatchUpRow", "EagleLoops", "EagleNet"]
+__all__ = ["CatchUpRow", "EagleLoops", "EagleNet", "catch_up_batch"]
 
 
 class EagleNet:
@@ -80,15 +80,21 @@ class EagleLoops:
 
     def run(self, rows: list[CatchUpRow]) -> list[list[int]]:
         """Each row's drafts (its first `limit` tokens) after one replay; every row's count is at most q."""
-        starts, positions, row_of = _flat_rows(rows)
-        table = block_table([r.block_ids for r in rows])
-        last = starts[1:] - 1  # each row's last token; its position is the row's base
-        ids = itertools.chain.from_iterable(r.token_ids[r.start + 1:r.start + 1 + r.count] for r in rows)
-        batch = CatchUp(input_ids=np.fromiter(ids, dtype=np.int64, count=len(positions)), positions=positions,
-                        slot_mapping=slot_mapping(table, row_of, positions, self.block_size),
-                        query_start_loc=starts, seq_lens=positions[last] + 1, block_tables=table)
-        out = self.drafting.run(batch, last, positions[last], [r.limit for r in rows])
+        batch, last = catch_up_batch(rows, self.block_size)
+        out = self.drafting.run(batch, last, batch.positions[last], [r.limit for r in rows])
         return [tokens[:r.limit] for r, tokens in zip(rows, out.tolist())]  # the one host read
+
+
+def catch_up_batch(rows: list[CatchUpRow], block_size: int) -> tuple[CatchUp, np.ndarray]:
+    """The rows' catch-ups as one flat batch (numpy fields), and the flat index of each row's last token."""
+    starts, positions, row_of = _flat_rows(rows)
+    table = block_table([r.block_ids for r in rows])
+    last = starts[1:] - 1  # each row's last token; its position is the row's base
+    ids = itertools.chain.from_iterable(r.token_ids[r.start + 1:r.start + 1 + r.count] for r in rows)
+    batch = CatchUp(input_ids=np.fromiter(ids, dtype=np.int64, count=len(positions)), positions=positions,
+                    slot_mapping=slot_mapping(table, row_of, positions, block_size), query_start_loc=starts,
+                    seq_lens=positions[last] + 1, block_tables=table)
+    return batch, last
 
 
 def _flat_rows(rows: list[CatchUpRow]) -> tuple[np.ndarray, ...]:
