@@ -79,6 +79,8 @@ class DraftModelProposer:
     from the target's.
     """
 
+    uses_hidden = False  # propose does not read `hidden`
+
     def __init__(self, model_dir: str, target_arch: ModelArch, dtype: torch.dtype, device: torch.device | str,
                  attention_backend: str = "auto") -> None:
         try:

@@ -82,6 +82,8 @@ class EagleProposer:
     """The ModelProposer of `speculative_config.method == "eagle"` (module docstring). ValueError naming
     speculative_config.model when the head was trained for another target."""
 
+    uses_hidden = False  # propose does not read `hidden`
+
     def __init__(self, model_dir: str, target: CausalLM, dtype: torch.dtype, device: torch.device | str,
                  attention_backend: str = "auto") -> None:
         cfg, raw = read_head_config(model_dir)

@@ -43,6 +43,8 @@ def resolve_exit_layer(exit_layer: int | None, num_layers: int) -> int:
 class EarlyExitProposer:
     """A `ModelProposer` drafting greedily with the target's first `exit_layer` layers (module docstring)."""
 
+    uses_hidden = False  # propose does not read `hidden`
+
     def __init__(self, model: CausalLM, exit_layer: int | None, block_size: int) -> None:
         self.model = model
         self.exit_layer = resolve_exit_layer(exit_layer, model.arch.num_hidden_layers)

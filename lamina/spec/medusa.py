@@ -126,6 +126,8 @@ class MedusaProposer:
     host copy.
     """
 
+    uses_hidden = True  # its heads read the target's last hidden state
+
     def __init__(self, model_dir: str, target: CausalLM, device: torch.device | str, dtype: torch.dtype) -> None:
         self.config = load_medusa_config(model_dir)
         arch = target.arch

@@ -46,7 +46,8 @@ class ModelProposer(Protocol):
 
     - `propose(requests, hidden)` returns one list per request, in order, of at most `num_drafts` token ids
       (fewer, even none, is allowed). `hidden` [len(requests), hidden_size] holds the target's last hidden
-      state of each request (module docstring), on the device, in the target's dtype.
+      state of each request (module docstring), on the device, in the target's dtype; a proposer whose
+      `uses_hidden` is False gets an empty [0, hidden_size] tensor instead (the worker skips gathering it).
     - `forget(req_ids)`: these requests finished or were preempted; drop what is kept for them (a preempted
       request comes back with its blocks recomputed, possibly other block ids).
     - `kv_bytes_per_block(block_size)`: device bytes the proposer's own KV needs per KV block id (0 when it
@@ -58,6 +59,8 @@ class ModelProposer(Protocol):
       (None: nothing to compile) and, when max_batch_size > 0 (the worker captures CUDA graphs), captures its
       drafting for batches of up to max_batch_size requests asking at most num_drafts drafts.
     """
+
+    uses_hidden: bool
 
     def propose(self, requests: list[DraftRequest], hidden: torch.Tensor) -> list[list[int]]:
         ...

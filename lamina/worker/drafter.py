@@ -38,9 +38,8 @@ class Drafter:
         requests, rows = self._requests(limits, output, states, row_starts)
         if not requests:
             return
-        index = torch.tensor(rows, dtype=torch.int64).to(hidden.device, non_blocking=True)
         try:
-            drafts = self.proposer.propose(requests, hidden.index_select(0, index))
+            drafts = self.proposer.propose(requests, self._hidden(hidden, rows))
         except Exception as err:  # noqa: BLE001 - drafts are optional: the step's tokens stand without them
             if is_fatal(err):
                 raise
@@ -48,6 +47,12 @@ class Drafter:
             self.proposer.forget([r.req_id for r in requests])  # their draft KV may be half written
             return
         output.draft_token_ids = {r.req_id: list(d) for r, d in zip(requests, drafts)}
+
+    def _hidden(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """The drafting requests' rows of `hidden`, for a proposer that reads them (else none: no copy, no launch)."""
+        if not self.proposer.uses_hidden:
+            return hidden[:0]
+        return hidden.index_select(0, torch.tensor(rows, dtype=torch.int64).to(hidden.device, non_blocking=True))
 
     def _requests(self, limits: dict[str, int], output: ModelRunnerOutput | None, states: BatchState,
                   row_starts: dict[str, int]) -> tuple[list[DraftRequest], list[int]]:

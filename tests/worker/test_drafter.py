@@ -11,8 +11,8 @@ from lamina.worker.penalty_state import PenaltyState
 
 
 class Proposer:
-    def __init__(self, fail: bool) -> None:
-        self.fail, self.forgotten, self.asked = fail, [], []
+    def __init__(self, fail: bool, uses_hidden: bool = True) -> None:
+        self.fail, self.uses_hidden, self.forgotten, self.asked = fail, uses_hidden, [], []
 
     def propose(self, requests, hidden):  # noqa: ANN001, ANN201
         self.asked.append([(r.req_id, list(r.token_ids), r.num_drafts, hidden.tolist()) for r in requests])
@@ -39,6 +39,15 @@ def test_drafts_follow_the_newest_token_and_stay_inside_the_blocks() -> None:
     Drafter(proposer, block_size=4).draft({"a": 3}, output, states, hidden, {"a": 1})
     assert output.draft_token_ids == {"a": [7, 7, 7]}
     assert proposer.asked == [[("a", [1, 2, 3, 4], 3, [[2.0, 3.0]])]]
+
+
+def test_a_proposer_that_reads_no_hidden_state_gets_none() -> None:
+    states, proposer = _states(), Proposer(fail=False, uses_hidden=False)
+    output = ModelRunnerOutput(sampled_token_ids={"a": [4]})
+    states.record(output)
+    Drafter(proposer, block_size=4).draft({"a": 2}, output, states, torch.arange(6.0).view(3, 2), {"a": 1})
+    assert output.draft_token_ids == {"a": [7, 7]}
+    assert proposer.asked == [[("a", [1, 2, 3, 4], 2, [])]]
 
 
 def test_a_failing_proposer_drops_its_drafts_only() -> None:
