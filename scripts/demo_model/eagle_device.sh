@@ -10,7 +10,7 @@ OUT=${OUT:-out}
 WORK=${WORK:-/tmp/eagle_work}
 BUDGET=${BUDGET:-300}
 LR=${LR:-1e-3}
-HEAD_ARGS=${HEAD_ARGS:-}  # more distill options, e.g. --head-intermediate-size 2048
+HEAD_ARGS=${HEAD_ARGS---head-intermediate-size 2048}  # the shipped head's (HEAD_ARGS= for none); more options too
 RUN=${RUN:-demo-eagle-gpu}  # the head's directory under $WORK, packed as $OUT/$RUN.tgz
 DEVICE=${DEVICE:-cuda}  # cpu works too but is slow: its 30,000-token evaluation alone takes over 10 minutes
 mkdir -p "$OUT" "$WORK"
