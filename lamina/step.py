@@ -20,6 +20,11 @@ so a request's token ids cross the seam once (when it is new) and never again.
 A `decode_ahead` step (Scheduler.schedule_ahead) was scheduled while the step before it was still running:
 each of its requests computes one token at position num_computed_tokens, the token that step samples,
 which the worker takes from that step's output on the device.
+
+Drafts of a worker-side proposer (draft model, EAGLE, Medusa, early exit) never cross the seam: the worker
+answers how many it holds (ModelRunnerOutput.num_drafts), the engine schedules that many (or fewer) as
+DRAFT_ON_DEVICE entries of scheduled_spec_decode_tokens, and the worker fills in the ids from its device
+(the first ones, when the engine schedules fewer).
 """
 from __future__ import annotations
 
@@ -27,6 +32,8 @@ from dataclasses import dataclass, field
 
 from lamina.outputs import Logprob
 from lamina.sampling_params import SamplingParams
+
+DRAFT_ON_DEVICE = -1  # a draft token the worker holds on its device (the module docstring)
 
 
 @dataclass(slots=True)
@@ -103,7 +110,8 @@ class ModelRunnerOutput:
     failed: request id -> error, for requests whose own part of the step raised (the scheduler ends them
             with finish_reason "error" while the rest of the batch goes on)
     num_compiles: Triton kernels the worker compiled while launching the step (its step stats)
-    draft_token_ids: request id -> the drafts a worker-side proposer made for the next step (draft_limits)
+    num_drafts: request id -> how many drafts a worker-side proposer made for the next step (draft_limits),
+                held on the worker's device (DRAFT_ON_DEVICE)
     prompt_logprobs: request id -> the prompt logprobs computed this step (SamplingParams.prompt_logprobs)
     """
 
@@ -111,5 +119,5 @@ class ModelRunnerOutput:
     logprobs: dict[str, list[dict[int, Logprob]]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
     num_compiles: int = 0
-    draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    num_drafts: dict[str, int] = field(default_factory=dict)
     prompt_logprobs: dict[str, PromptLogprobsChunk] = field(default_factory=dict)

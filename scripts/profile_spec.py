@@ -1,12 +1,15 @@
 """Where a step's host time goes, with and without speculation (issue #12).
 
     python scripts/profile_spec.py [--model DIR] [--methods ngram] [--new-tokens 512] [--batch-size 1] [--top 30]
-                                   [--sort tottime|cumtime]
+                                   [--sort tottime|cumtime] [--profiler cprofile|torch|none]
 
 Batch 1: one long greedy and one T=0.6 generation per engine; a larger batch: the throughput prompts of
 lamina.bench.spec at T=0.6. Each under cProfile; prints each engine's step times by kind (from the engine's step
 log), the host time of its speculator's decisions (SpecDecodeStats.draft_seconds over policy_steps) and the
-functions with the most own (or cumulative) time. --methods: bench labels (lamina.bench.spec.spec_config:
+functions with the most own (or cumulative) time. Each kind of step shows its mean wall time and, in brackets,
+the part of it the host spent in the step's `result()` (waiting for its tokens, then a worker-side proposer's
+drafting launch). --profiler torch: the device's kernels instead (torch.profiler: device time a step, by kernel);
+none: the step times alone, without a profiler's overhead. --methods: bench labels (lamina.bench.spec.spec_config:
 ngram, eagle, draft_model, eagle-fixed, ngram@3, ...).
 """
 from __future__ import annotations
@@ -17,6 +20,7 @@ import itertools
 import pstats
 import time
 
+import torch
 from lamina import DEMO_MODEL, LLM, SamplingParams
 from lamina.bench.spec import PROMPT_SETS, spec_config
 
@@ -30,6 +34,25 @@ def prompts_for(batch_size: int) -> list[str]:
     return list(itertools.islice(itertools.cycle(everything), batch_size))
 
 
+def _profiler(kind: str) -> cProfile.Profile | torch.profiler.profile | None:
+    """A context manager that profiles the host's Python (cprofile) or the device's kernels (torch)."""
+    if kind == "cprofile":
+        return cProfile.Profile()
+    if kind == "torch":
+        return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                  torch.profiler.ProfilerActivity.CUDA])
+    return None
+
+
+def print_kernels(profiler: torch.profiler.profile, steps: int, top: int) -> None:
+    """Device time a step, in all and by kernel (most first)."""
+    rows = sorted(((e.device_time_total / 1e3 / steps, e.count / steps, e.key) for e in profiler.key_averages()
+                   if e.device_time_total > 0 and e.device_type.name == "CUDA"), reverse=True)
+    print(f"   device time a step: {sum(r[0] for r in rows):.3f} ms in {sum(r[1] for r in rows):.0f} kernels")
+    for ms, calls, name in rows[:top]:
+        print(f"   {ms:8.4f} ms  {calls:5.1f}x  {name[:100]}")
+
+
 def profile(label: str, spec: dict | None, args: argparse.Namespace) -> None:
     llm = LLM(model=args.model, speculative_config=spec, gpu_memory_utilization=0.3)
     prompts = prompts_for(args.batch_size)
@@ -38,27 +61,33 @@ def profile(label: str, spec: dict | None, args: argparse.Namespace) -> None:
         params = SamplingParams(temperature=temperature, max_tokens=args.new_tokens, ignore_eos=True, seed=0)
         llm.engine.step_log = []
         before = llm.engine.get_stats().snapshot().spec
-        profiler = cProfile.Profile()
+        profiler = _profiler(args.profiler)
         start = time.perf_counter()
-        profiler.enable()
+        if profiler is not None:
+            profiler.__enter__()
         outs = llm.generate(prompts, params, use_tqdm=False)
-        profiler.disable()
+        if profiler is not None:
+            profiler.__exit__(None, None, None)
         seconds = time.perf_counter() - start
-        kinds: dict[str, list[float]] = {}
+        kinds: dict[str, list] = {}
         for step in llm.engine.step_log:
-            kinds.setdefault(step.kind, []).append(step.seconds)
-        steps = ", ".join(f"{k} {len(v)} x {1000 * sum(v) / len(v):.3f} ms" for k, v in kinds.items())
+            kinds.setdefault(step.kind, []).append(step)
+        steps = ", ".join(f"{k} {len(v)} x {1000 * sum(s.seconds for s in v) / len(v):.3f} ms "
+                          f"({1000 * sum(s.device_wait_s for s in v) / len(v):.3f})" for k, v in kinds.items())
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-        print(f"== {label} batch {args.batch_size} T={temperature}: {tokens / seconds:.0f} tok/s (under cProfile); "
-              f"{steps}")
+        how = "" if profiler is None else f" (under {args.profiler})"
+        print(f"== {label} batch {args.batch_size} T={temperature}: {tokens / seconds:.0f} tok/s{how}; {steps}")
         after = llm.engine.get_stats().snapshot().spec
         if spec is not None:
             decided = after.policy_steps - before.policy_steps
             drafting_ms = 1000 * (after.draft_seconds - before.draft_seconds)
             print(f"   decisions with a request that could draft: {decided}, drafting host time {drafting_ms:.1f} ms "
                   f"({drafting_ms / max(decided, 1):.3f} ms each)")
-        restrictions = ("lamina/", args.top) if args.sort == "cumtime" else (args.top,)  # cumtime: our frames
-        pstats.Stats(profiler).sort_stats(args.sort).print_stats(*restrictions)
+        if args.profiler == "cprofile":
+            restrictions = ("lamina/", args.top) if args.sort == "cumtime" else (args.top,)  # cumtime: our frames
+            pstats.Stats(profiler).sort_stats(args.sort).print_stats(*restrictions)
+        elif args.profiler == "torch":
+            print_kernels(profiler, len(llm.engine.step_log), args.top)
     llm.engine.executor.shutdown()
 
 
@@ -70,6 +99,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--methods", default="ngram", help="comma-separated bench labels (default: ngram)")
     parser.add_argument("--sort", choices=("tottime", "cumtime"), default="tottime")
+    parser.add_argument("--profiler", choices=("cprofile", "torch", "none"), default="cprofile")
     args = parser.parse_args()
     if args.batch_size < 1:
         parser.error(f"--batch-size must be >= 1, got {args.batch_size}")

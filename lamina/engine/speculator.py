@@ -1,9 +1,10 @@
 """Speculator: the engine's side of speculative decoding, around each step.
 
     engine-side proposer (n-gram):   step t runs  ->  after_tokens: propose from the verified tokens (host)
-    worker-side proposer (draft model, Medusa, early exit):
+    worker-side proposer (draft model, EAGLE, Medusa, early exit):
         before_step: draft_limits in the step message (and the scheduler held lookahead KV slots for them)
-        step t runs; the worker drafts once its tokens are known  ->  after_tokens: take its drafts
+        step t runs; the worker drafts once its tokens are known  ->  after_tokens: take their count (the
+        drafts stay on the worker's device: lamina/step.py's DRAFT_ON_DEVICE)
     either way the next step verifies request.spec_token_ids, cut to max_drafts (max_tokens, max_model_len,
     penalties, min_tokens); the engine may launch it before step t's outputs are processed. after_step: step t's
     wall time, once known (the policy's cost model, the verify time, a decision's share of a step, the gate).
@@ -25,7 +26,7 @@ from lamina.engine.request import Request
 from lamina.engine.spec_gate import SpecGate
 from lamina.engine.spec_policy import SpecPolicy
 from lamina.spec.proposer import make_proposer
-from lamina.step import ModelRunnerOutput, SchedulerOutput
+from lamina.step import DRAFT_ON_DEVICE, ModelRunnerOutput, SchedulerOutput
 
 
 MAX_REST = 32  # steps: the longest pause of the policy's decisions while speculation does not pay
@@ -146,7 +147,7 @@ class Speculator:
                 self._decision_seconds = time.perf_counter() - start
                 self.policy.observe_drafting(len(running), self._decision_seconds)
                 self._rest.decided(verdict, self._decision_share)
-        elif scheduled.scheduled_spec_decode_tokens or result.draft_token_ids:
+        elif scheduled.scheduled_spec_decode_tokens or result.num_drafts:
             self._take_worker_drafts(result, running)
         self.has_drafts = any(r.spec_token_ids for r in running)
         self.stats.draft_seconds += time.perf_counter() - start
@@ -174,12 +175,14 @@ class Speculator:
             self._decision_share = 0.9 * self._decision_share + 0.1 * share if self._decision_share else share
 
     def _take_worker_drafts(self, result: ModelRunnerOutput, running: list[Request]) -> None:
-        """The worker's drafts, cut to max_drafts and to what still pays (the policy, with the drafts found)."""
+        """The worker's drafts (held on its device: DRAFT_ON_DEVICE entries), cut to max_drafts and to what still
+        pays (the policy, with the drafts found)."""
         if self.policy is not None:
             self.policy.observe_requests(running)  # the acceptance of the step's verified drafts
         for request in running:
-            proposed = result.draft_token_ids.get(request.request_id, [])
-            request.spec_token_ids = proposed[:max_drafts(request, self.k, self.max_model_len)]
+            proposed = result.num_drafts.get(request.request_id, 0)
+            request.spec_token_ids = [DRAFT_ON_DEVICE] * min(proposed, max_drafts(request, self.k,
+                                                                                   self.max_model_len))
         if self.policy is not None and any(r.spec_token_ids for r in running):
             kept = self.policy.draft_limits([r.request_id for r in running], [len(r.spec_token_ids) for r in running],
                                             drafting_cost=False)

@@ -67,15 +67,35 @@ def slot_mapping(table: np.ndarray, row_of: np.ndarray, positions: np.ndarray, b
     return table[row_of, positions // block_size].astype(np.int64) * block_size + positions % block_size
 
 
-def append_columns(columns: list[torch.Tensor], indices: Sequence[int], drafts: list[list[int]]) -> None:
-    """Eager drafting's host read: column j holds draft j of the first len(column j) rows; row i's drafts are
-    appended to drafts[indices[i]] (one read of every column)."""
-    flat = torch.cat(columns).tolist()
-    offset = 0
-    for column in columns:
-        for index, token in zip(indices, flat[offset:offset + len(column)]):
-            drafts[index].append(token)
-        offset += len(column)
+def stack_columns(columns: list[torch.Tensor]) -> torch.Tensor:
+    """Eager drafting's drafts as one [n, len(columns)] tensor, on the device: column j holds draft j of the first
+    len(columns[j]) rows (a row's entries past its own drafts are 0)."""
+    out = columns[0].new_zeros((len(columns[0]), len(columns)))
+    for j, column in enumerate(columns):
+        out[:len(column), j] = column
+    return out
+
+
+class HostCopy:
+    """A device tensor's copy into pinned host memory, queued now and read later (`tolist` waits for it: by
+    then the step after it has usually been waited for, and the copy is there). A CPU tensor is kept as it is."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self._done = None
+        self._list: list | None = None
+        if tensor.device.type == "cpu":
+            self._host = tensor
+            return
+        self._host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True).copy_(tensor, non_blocking=True)
+        self._done = torch.cuda.Event()
+        self._done.record()
+
+    def tolist(self) -> list:
+        if self._list is None:
+            if self._done is not None:
+                self._done.synchronize()
+            self._list = self._host.tolist()
+        return self._list
 
 
 class LoopNet(Protocol):
@@ -145,8 +165,9 @@ class DraftLoop:
                     self.buckets[-1])
 
     def run(self, batch: FlatBatch, last: Sequence[int], base: Sequence[int], limit: Sequence[int]) -> torch.Tensor:
-        """Drafts [n, k] (a view of the graph's output: read it before the next replay) of the catch-up `batch`;
-        per row: the flat index of its last token, base (the module docstring) and its number of drafts."""
+        """Drafts [n, k] on the device (a copy of the graph's output, which the next replay overwrites) of the
+        catch-up `batch`; per row: the flat index of its last token, base (the module docstring) and its number
+        of drafts."""
         n = batch.num_seqs
         bucket = bucket_for(n, self.buckets)
         self.buffers.fill(batch, bucket)
@@ -156,7 +177,7 @@ class DraftLoop:
         rows[1, :n], rows[2, :n] = base, limit
         self.rows[:, :bucket].copy_(torch.from_numpy(rows), non_blocking=True)
         self.graphs[bucket].replay()
-        return self.outputs[bucket][:n]
+        return self.outputs[bucket][:n].clone()
 
     def _loop_fn(self, bucket: int) -> Callable[[], torch.Tensor]:
         buffers, q = self.buffers, self.query_len

@@ -16,8 +16,9 @@ tokens it has fed (the KV it has written). One request, N = len(token_ids), k = 
 One propose call: the catch-up is one flat batch over every request (variable query lengths, like the
 target's step); then decode step j (1 <= j < max k) feeds draft j-1 at position N-1+j of each request that
 wants more than j drafts. Rows are sorted by k, largest first, so the requests of step j are a prefix of
-the rows and the drafts stay on the device until one host read at the end. Drafts are argmax tokens (one-hot
-proposals, exact under the verify step's rule); `hidden` is not used.
+the rows and the drafts stay on the device (the verify step reads them there; what the draft cache was fed is
+read back later, `_Fed.drafts`). Drafts are argmax tokens (one-hot proposals, exact under the verify step's
+rule); `hidden` is not used.
 
 Positions: the draft model has RoPE for max_position_embeddings = M positions. A request drafts at most
 M - N + 1 tokens (its last fed position stays below M), none once N > M: a short-context draft model
@@ -39,8 +40,9 @@ from lamina.device import packed_to_device
 from lamina.kv.cache import KVCache, allocate_kv_caches, bind_kv_caches, kv_cache_bytes_per_block
 from lamina.loader.hf_config import load_model_arch
 from lamina.loader.model_loader import load_model
-from lamina.spec.draft_loop import CatchUp, DraftLoop, ModelNet, append_columns, block_table, slot_mapping
-from lamina.spec.model_proposer import DraftRequest
+from lamina.spec.draft_loop import (CatchUp, DraftLoop, HostCopy, ModelNet, block_table, slot_mapping,
+                                   stack_columns)
+from lamina.spec.model_proposer import DraftRequest, Drafts
 
 __all__ = ["DraftModelProposer"]
 
@@ -51,10 +53,20 @@ FIELD = "speculative_config.model"
 
 @dataclass(slots=True)
 class _Fed:
-    """What the draft cache holds for one request: the token fed at each position [0, len(tokens))."""
+    """What the draft cache holds for one request: the token fed at each position [0, len(tokens)), then the
+    drafts of the last call still on their way to the host (`drafts`: row r's first c drafts of a HostCopy)."""
 
     tokens: list[int]
     verified: int  # tokens[:verified] were verified tokens when fed: they never go stale
+    drafts: tuple[HostCopy, int, int] | None = None
+
+    def read(self) -> list[int]:
+        """tokens, with the drafts appended once they are on the host."""
+        if self.drafts is not None:
+            copy, row, count = self.drafts
+            self.tokens.extend(copy.tolist()[row][:count])
+            self.drafts = None
+        return self.tokens
 
 
 @dataclass(slots=True)
@@ -130,30 +142,30 @@ class DraftModelProposer:
             self._fed.pop(req_id, None)
 
     @torch.inference_mode()
-    def propose(self, requests: list[DraftRequest], hidden: torch.Tensor) -> list[list[int]]:
+    def propose(self, requests: list[DraftRequest], hidden: torch.Tensor) -> Drafts:
         if not self.block_size:
             raise RuntimeError("DraftModelProposer.propose called before bind_cache")
-        drafts: list[list[int]] = [[] for _ in requests]
         rows = self._plan(requests)
         if not rows:
-            return drafts
+            return Drafts.empty(len(requests), self.device)
         table = block_table([r.request.block_ids for r in rows])
         if self.loop is not None and self.loop.fits(len(rows), table.shape[1], rows[0].limit):
-            return self._propose_in_graph(rows, table, drafts)
-        table_dev = torch.from_numpy(table).to(self.device, non_blocking=True)
-        columns = [self._catch_up(rows, table, table_dev)]
-        for j in range(1, rows[0].limit):
-            count = sum(r.limit > j for r in rows)
-            columns.append(self._decode(rows[:count], j, columns[-1][:count], table, table_dev))
-        append_columns(columns, [r.index for r in rows], drafts)  # the one host read
-        for row in rows:
-            self._remember(row, drafts[row.index])
-        return drafts
+            token_ids = self._propose_in_graph(rows, table)
+        else:
+            table_dev = torch.from_numpy(table).to(self.device, non_blocking=True)
+            columns = [self._catch_up(rows, table, table_dev)]
+            for j in range(1, rows[0].limit):
+                count = sum(r.limit > j for r in rows)
+                columns.append(self._decode(rows[:count], j, columns[-1][:count], table, table_dev))
+            token_ids = stack_columns(columns)
+        fed = HostCopy(token_ids)
+        for i, row in enumerate(rows):
+            self._remember(row, fed, i)
+        return Drafts.of_rows(token_ids, len(requests), [r.index for r in rows], [r.limit for r in rows])
 
-    def _propose_in_graph(self, rows: list[_Row], table: np.ndarray,
-                          drafts: list[list[int]]) -> list[list[int]]:
+    def _propose_in_graph(self, rows: list[_Row], table: np.ndarray) -> torch.Tensor:
         """Rows whose catch-up is longer than the graph's rows first feed all but their newest token eagerly
-        (a new prompt); then one replay drafts for every row."""
+        (a new prompt); then one replay drafts for every row: drafts [len(rows), k]."""
         longest = self.loop.k + 1
         long = [r for r in rows if r.n - r.start > longest]
         if long:
@@ -166,11 +178,7 @@ class DraftModelProposer:
         batch = CatchUp(input_ids=[int(t) for r in rows for t in r.request.token_ids[r.start:r.n]],
                         positions=positions.tolist(), slot_mapping=self._slots(table, row_of, positions).tolist(),
                         query_start_loc=starts, seq_lens=[r.n for r in rows], block_tables=table.tolist())
-        out = self.loop.run(batch, [s - 1 for s in starts[1:]], [r.n - 1 for r in rows], [r.limit for r in rows])
-        for row, tokens in zip(rows, out.tolist()):
-            drafts[row.index] = tokens[:row.limit]
-            self._remember(row, drafts[row.index])
-        return drafts
+        return self.loop.run(batch, [s - 1 for s in starts[1:]], [r.n - 1 for r in rows], [r.limit for r in rows])
 
     def _prefill(self, rows: list[_Row]) -> None:
         """Feed token_ids[s : N - 1] of each row eagerly (their KV); afterwards each row starts at N - 1."""
@@ -210,19 +218,22 @@ class DraftModelProposer:
         fed = self._fed.get(request.req_id)
         if fed is None:
             return 0
-        pos, end = min(fed.verified, n), min(len(fed.tokens), n)
-        while pos < end and fed.tokens[pos] == tokens[pos]:
+        fed_tokens = fed.read()
+        pos, end = min(fed.verified, n), min(len(fed_tokens), n)
+        while pos < end and fed_tokens[pos] == tokens[pos]:
             pos += 1
         return min(pos, n - 1)
 
-    def _remember(self, row: _Row, drafts: list[int]) -> None:
-        """The draft cache now holds token_ids[:N] and the drafts fed at N, ..., N+k-2."""
+    def _remember(self, row: _Row, drafts: HostCopy, index: int) -> None:
+        """The draft cache now holds token_ids[:N] and the drafts fed at N, ..., N+k-2 (row `index` of
+        `drafts`, read when the next call needs them)."""
         request, n = row.request, row.n
         fed = self._fed.setdefault(request.req_id, _Fed([], 0))
-        del fed.tokens[row.start:]
-        fed.tokens.extend(int(t) for t in request.token_ids[row.start:n])
-        fed.tokens.extend(drafts[:row.limit - 1])
+        tokens = fed.read()
+        del tokens[row.start:]
+        tokens.extend(int(t) for t in request.token_ids[row.start:n])
         fed.verified = n
+        fed.drafts = (drafts, index, row.limit - 1)
 
     def _catch_up(self, rows: list[_Row], table: np.ndarray, table_dev: torch.Tensor) -> torch.Tensor:
         """One flat forward over token_ids[s:N] of every row; returns draft 0 of each row [len(rows)]."""

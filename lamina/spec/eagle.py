@@ -41,9 +41,9 @@ from lamina.kv.cache import KVCache, allocate_kv_caches, bind_kv_caches, kv_cach
 from lamina.models.common import CausalLM
 from lamina.models.names import format_names
 from lamina.spec.eagle_head import FIELD, WEIGHTS, EagleHead, read_head_config
-from lamina.spec.draft_loop import append_columns, block_table, slot_mapping
+from lamina.spec.draft_loop import block_table, slot_mapping, stack_columns
 from lamina.spec.eagle_loop import CatchUpRow, EagleLoops, catch_up_batch
-from lamina.spec.model_proposer import DraftRequest
+from lamina.spec.model_proposer import DraftRequest, Drafts
 
 __all__ = ["EagleProposer", "load_head"]
 
@@ -140,22 +140,22 @@ class EagleProposer:
             self._fed.pop(req_id, None)
 
     @torch.inference_mode()
-    def propose(self, requests: list[DraftRequest], hidden: torch.Tensor) -> list[list[int]]:
+    def propose(self, requests: list[DraftRequest], hidden: torch.Tensor) -> Drafts:
         """Up to num_drafts tokens for each request, after catching the head up on its unseen positions (`hidden`,
         the target's last hidden states, is not used: the head reads the stored features)."""
         if not self.block_size:
             raise RuntimeError("EagleProposer.propose called before bind_cache")
-        drafts: list[list[int]] = [[] for _ in requests]
         rows = self._plan(requests)
         if not rows:
-            return drafts
+            return Drafts.empty(len(requests), self.device)
         if self.loops is not None and self.loops.fits(len(rows), max(len(r.block_ids) for r in rows)):
-            self._propose_in_graph(rows, drafts)
+            token_ids = self._propose_in_graph(rows)
         else:
-            self._propose_eagerly(rows, drafts)
+            rows = sorted(rows, key=lambda r: -r.limit)  # the rows of eager step j are a prefix
+            token_ids = self._propose_eagerly(rows)
         for row in rows:
             self._fed[row.req_id] = len(row.token_ids) - 1
-        return drafts
+        return Drafts.of_rows(token_ids, len(requests), [r.index for r in rows], [r.limit for r in rows])
 
     def _plan(self, requests: list[DraftRequest]) -> list[CatchUpRow]:
         """A catch-up row per request that drafts: head positions [fed, N - 1), at least the base N - 2."""
@@ -173,18 +173,18 @@ class EagleProposer:
                                    limit, index))
         return rows
 
-    def _propose_in_graph(self, rows: list[CatchUpRow], drafts: list[list[int]]) -> None:
-        """Rows longer than the graph's q feed all but their base eagerly first; then one replay for every row."""
+    def _propose_in_graph(self, rows: list[CatchUpRow]) -> torch.Tensor:
+        """Rows longer than the graph's q feed all but their base eagerly first; then one replay for every row:
+        drafts [len(rows), k], row by row."""
         long = [r for r in rows if r.count > self.loops.q]
         if long:
             self._catch_up([dataclasses.replace(r, count=r.count - 1) for r in long])
             rows = [dataclasses.replace(r, start=r.base, count=1) if r.count > self.loops.q else r for r in rows]
-        for row, tokens in zip(rows, self.loops.run(rows)):
-            drafts[row.index] = tokens
+        return self.loops.run(rows)
 
-    def _propose_eagerly(self, rows: list[CatchUpRow], drafts: list[list[int]]) -> None:
-        """One catch-up forward over every row, then k - 1 one-token steps of the rows that want more."""
-        rows = sorted(rows, key=lambda r: -r.limit)  # the rows of step j are a prefix
+    def _propose_eagerly(self, rows: list[CatchUpRow]) -> torch.Tensor:
+        """One catch-up forward over every row, then k - 1 one-token steps of the rows that want more (`rows`
+        sorted by limit, largest first: the rows of step j are a prefix): drafts [len(rows), max limit]."""
         normed, y = self._catch_up(rows)
         (last,) = packed_to_device([np.cumsum([r.count for r in rows]) - 1], np.int64, self.device)
         token = self.target.compute_logits(normed.index_select(0, last)).argmax(dim=-1)
@@ -193,7 +193,7 @@ class EagleProposer:
             count = sum(r.limit > j for r in rows)
             token, y = self._step(rows[:count], j, token[:count], y[:count])
             columns.append(token)
-        append_columns(columns, [r.index for r in rows], drafts)  # the one host read
+        return stack_columns(columns)
 
     def _catch_up(self, rows: list[CatchUpRow]) -> tuple[torch.Tensor, torch.Tensor]:
         """One flat forward over head positions [start, start + count) of every row: (normed, y) [sum(count), H]."""

@@ -78,11 +78,11 @@ class EagleLoops:
     def fits(self, num_rows: int, width: int) -> bool:
         return self.drafting.fits(num_rows, width, self.drafting.k)
 
-    def run(self, rows: list[CatchUpRow]) -> list[list[int]]:
-        """Each row's drafts (its first `limit` tokens) after one replay; every row's count is at most q."""
+    def run(self, rows: list[CatchUpRow]) -> torch.Tensor:
+        """Drafts [n, k] on the device after one replay (row i's first rows[i].limit are its drafts); every row's
+        count is at most q."""
         batch, last = catch_up_batch(rows, self.block_size)
-        out = self.drafting.run(batch, last, batch.positions[last], [r.limit for r in rows])
-        return [tokens[:r.limit] for r, tokens in zip(rows, out.tolist())]  # the one host read
+        return self.drafting.run(batch, last, batch.positions[last], [r.limit for r in rows])
 
 
 def catch_up_batch(rows: list[CatchUpRow], block_size: int) -> tuple[CatchUp, np.ndarray]:

@@ -26,7 +26,7 @@ import torch
 from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
 from lamina.models.common import CausalLM
 from lamina.spec.draft_loop import CatchUp, DraftLoop, ModelNet, block_table
-from lamina.spec.model_proposer import DraftRequest
+from lamina.spec.model_proposer import DraftRequest, Drafts
 
 __all__ = ["EarlyExitProposer", "resolve_exit_layer"]
 
@@ -72,10 +72,11 @@ class EarlyExitProposer:
         self.loop.capture_all()
 
     @torch.inference_mode()
-    def propose(self, requests: list[DraftRequest], hidden: torch.Tensor) -> list[list[int]]:
-        """Up to `num_drafts` greedy drafts per request; `hidden` is not needed (the drafter recomputes)."""
+    def propose(self, requests: list[DraftRequest], hidden: torch.Tensor) -> Drafts:
+        """Up to `num_drafts` greedy drafts per request, on the device; `hidden` is not needed (the drafter
+        recomputes)."""
         if not requests:
-            return []
+            return Drafts.empty(0, self.device)
         for request in requests:
             self._check_blocks(request)
         max_drafts = max(r.num_drafts for r in requests)
@@ -93,10 +94,9 @@ class EarlyExitProposer:
                 ids = ids[torch.tensor(keep, device=self.device)]
             ids = self._draft_step([requests[i] for i in rows], step, ids, tables[rows])
             drafts[rows, step] = ids
-        table = drafts.tolist()  # the only host sync
-        return [table[i][:r.num_drafts] for i, r in enumerate(requests)]
+        return Drafts.per_request(drafts, [r.num_drafts for r in requests])
 
-    def _propose_in_graph(self, requests: list[DraftRequest]) -> list[list[int]]:
+    def _propose_in_graph(self, requests: list[DraftRequest]) -> Drafts:
         """One replay: the catch-up feeds each newest token at N - 1, the steps the drafts after it."""
         bs, n = self.block_size, len(requests)
         positions = [len(r.token_ids) - 1 for r in requests]
@@ -105,7 +105,7 @@ class EarlyExitProposer:
                         query_start_loc=list(range(n + 1)), seq_lens=[p + 1 for p in positions],
                         block_tables=block_table([r.block_ids for r in requests]).tolist())
         out = self.loop.run(batch, list(range(n)), positions, [r.num_drafts for r in requests])
-        return [tokens[:r.num_drafts] for r, tokens in zip(requests, out.tolist())]
+        return Drafts.per_request(out, [r.num_drafts for r in requests])
 
     def _draft_step(self, requests: list[DraftRequest], step: int, ids: torch.Tensor, tables: torch.Tensor
                     ) -> torch.Tensor:

@@ -29,7 +29,7 @@ from torch import nn
 from lamina.layers.linear import DenseLinear
 from lamina.models.common import CausalLM
 from lamina.models.names import format_names
-from lamina.spec.model_proposer import DraftRequest
+from lamina.spec.model_proposer import DraftRequest, Drafts
 
 __all__ = ["MedusaHeads", "MedusaProposer", "load_medusa_config", "CONFIG", "WEIGHTS"]
 
@@ -122,8 +122,8 @@ class MedusaProposer:
 
     Drafts are greedy (argmax), so they are one-hot proposals, exact under rejection sampling at any
     temperature. A request gets min(num_drafts, K) drafts. One `propose` call runs every needed head over
-    every row: one matmul per head (per layer), one `compute_logits` over the stacked rows, one argmax, one
-    host copy.
+    every row: one matmul per head (per layer), one `compute_logits` over the stacked rows, one argmax; the
+    drafts stay on the device.
     """
 
     uses_hidden = True  # its heads read the target's last hidden state
@@ -140,18 +140,15 @@ class MedusaProposer:
         self.num_heads = self.heads.num_heads
 
     @torch.inference_mode()
-    def propose(self, requests: list[DraftRequest], hidden: torch.Tensor) -> list[list[int]]:
+    def propose(self, requests: list[DraftRequest], hidden: torch.Tensor) -> Drafts:
         """Up to min(num_drafts, K) greedy drafts per request; `hidden` [len(requests), hidden_size]."""
-        if not requests:
-            return []
-        limits = [min(r.num_drafts, self.num_heads) for r in requests]
-        num_heads = max(limits)
-        if num_heads <= 0:
-            return [[] for _ in requests]
+        limits = [max(0, min(r.num_drafts, self.num_heads)) for r in requests]
+        num_heads = max(limits, default=0)
+        if num_heads == 0:
+            return Drafts.empty(len(requests), hidden.device)
         features = self.heads(hidden, num_heads)  # [num_heads, rows, hidden]
         logits = self.target.compute_logits(features.reshape(-1, features.shape[-1]))
-        drafts = logits.argmax(dim=-1).view(num_heads, len(requests)).t().tolist()
-        return [row[:limit] for row, limit in zip(drafts, limits)]
+        return Drafts.per_request(logits.argmax(dim=-1).view(num_heads, len(requests)).t(), limits)
 
     def forget(self, req_ids: Iterable[str]) -> None:
         """Medusa keeps nothing per request."""

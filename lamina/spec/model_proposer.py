@@ -2,8 +2,10 @@
 
 The n-gram proposer (lamina/spec/proposer.py) runs in the engine on token ids alone. A proposer with weights
 runs in the worker, on the device, right after a step's tokens are known: the worker hands it each drafting
-request's verified tokens and block table, and the target's last hidden state of each, and sends the drafts
-back in the step's answer (ModelRunnerOutput.draft_token_ids). The engine trims them to its own limits.
+request's verified tokens and block table, and the target's last hidden state of each. The drafts stay on the
+device (`Drafts`): the step's answer says only how many each request has (ModelRunnerOutput.num_drafts), the
+engine trims that count to its own limits, and the next step's input ids take them from the device (no host
+read between drafting and verifying them, as in vLLM's and SGLang's EAGLE paths).
 
 One request, after step t (N = len(token_ids); the target has KV for positions [0, N - 1)):
 
@@ -27,7 +29,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["DraftRequest", "ModelProposer"]
+__all__ = ["DraftRequest", "Drafts", "ModelProposer"]
 
 
 @dataclass(slots=True)
@@ -40,14 +42,59 @@ class DraftRequest:
     num_drafts: int  # >= 1: how many drafts to return at most
 
 
+@dataclass
+class Drafts:
+    """What one `propose` call drafted, on the device: request i's drafts are token_ids[rows[i], :counts[i]]
+    (counts[i] == 0: none; rows[i] is then unused). Nothing is read to the host: the worker gathers the rows it
+    verifies on the device (`flat`), and `tolist()` (tests, tools) reads them all."""
+
+    token_ids: torch.Tensor  # [R, W] int64
+    rows: list[int]
+    counts: list[int]
+
+    def __post_init__(self) -> None:
+        self.token_ids = self.token_ids.contiguous()  # flat_indices index its rows in order
+
+    @classmethod
+    def empty(cls, num_requests: int, device: torch.device) -> Drafts:
+        return cls(torch.zeros((0, 0), dtype=torch.int64, device=device), [0] * num_requests, [0] * num_requests)
+
+    @classmethod
+    def per_request(cls, token_ids: torch.Tensor, counts: Sequence[int]) -> Drafts:
+        """Row i holds request i's drafts."""
+        return cls(token_ids, list(range(len(counts))), list(counts))
+
+    @classmethod
+    def of_rows(cls, token_ids: torch.Tensor, num_requests: int, indices: Sequence[int],
+                counts: Sequence[int]) -> Drafts:
+        """Row r holds the drafts of request indices[r] (counts[r] of them); the other requests have none."""
+        rows, per_request = [0] * num_requests, [0] * num_requests
+        for row, (index, count) in enumerate(zip(indices, counts)):
+            rows[index], per_request[index] = row, count
+        return cls(token_ids, rows, per_request)
+
+    def flat_indices(self, request: int, count: int) -> range:
+        """The indices in token_ids.view(-1) of request `request`'s first `count` drafts (count <= its count)."""
+        if not 0 <= count <= self.counts[request]:
+            raise ValueError(f"request {request} has {self.counts[request]} draft(s), {count} asked")
+        start = self.rows[request] * self.token_ids.shape[1]
+        return range(start, start + count)
+
+    def tolist(self) -> list[list[int]]:
+        """Every request's drafts on the host (one read)."""
+        table = self.token_ids.tolist()
+        return [table[row][:count] if count else [] for row, count in zip(self.rows, self.counts)]
+
+
 @runtime_checkable
 class ModelProposer(Protocol):
     """Drafts from a network on the worker's device.
 
-    - `propose(requests, hidden)` returns one list per request, in order, of at most `num_drafts` token ids
-      (fewer, even none, is allowed). `hidden` [len(requests), hidden_size] holds the target's last hidden
-      state of each request (module docstring), on the device, in the target's dtype; a proposer whose
-      `uses_hidden` is False gets an empty [0, hidden_size] tensor instead (the worker skips gathering it).
+    - `propose(requests, hidden)` returns `Drafts`: for each request, in order, at most `num_drafts` token ids
+      (fewer, even none, is allowed), left on the device (no host sync). `hidden` [len(requests), hidden_size]
+      holds the target's last hidden state of each request (module docstring), on the device, in the target's
+      dtype; a proposer whose `uses_hidden` is False gets an empty [0, hidden_size] tensor instead (the worker
+      skips gathering it).
     - `forget(req_ids)`: these requests finished or were preempted; drop what is kept for them (a preempted
       request comes back with its blocks recomputed, possibly other block ids).
     - `kv_bytes_per_block(block_size)`: device bytes the proposer's own KV needs per KV block id (0 when it
@@ -62,7 +109,7 @@ class ModelProposer(Protocol):
 
     uses_hidden: bool
 
-    def propose(self, requests: list[DraftRequest], hidden: torch.Tensor) -> list[list[int]]:
+    def propose(self, requests: list[DraftRequest], hidden: torch.Tensor) -> Drafts:
         ...
 
     def forget(self, req_ids: Iterable[str]) -> None:

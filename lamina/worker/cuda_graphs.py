@@ -15,7 +15,7 @@ import torch
 
 from lamina.attention.metadata import set_attention_metadata
 from lamina.graphs import Graph, StaticBuffers, TorchCUDAGraph, bucket_for, capture, graph_buckets, graph_pool
-from lamina.worker.input_batch import HostBatch
+from lamina.worker.input_batch import DevicePatch, HostBatch
 
 logger = logging.getLogger(__name__)
 
@@ -90,14 +90,17 @@ class CudaGraphRunner:
     def can_run(self, batch: HostBatch) -> bool:
         return self._set_for(batch) is not None
 
-    def run(self, batch: HostBatch, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def run(self, batch: HostBatch, input_ids: torch.Tensor | None = None,
+            drafts: DevicePatch | None = None) -> torch.Tensor:
         """Hidden states [T, hidden] of the batch's T tokens (a view of the graph's output: use it before the
-        next replay). `input_ids` [T], on the device, replace the batch's."""
+        next replay). `input_ids` [T], on the device, replace the batch's; `drafts` replace some of them."""
         graph_set = self._set_for(batch)
         bucket = bucket_for(batch.num_seqs, self.buckets)
         graph_set.buffers.fill(batch, bucket)
         num_tokens = len(batch.input_ids)
         if input_ids is not None:
             graph_set.buffers.input_ids[:num_tokens].copy_(input_ids)
+        if drafts is not None:
+            drafts.apply(graph_set.buffers.input_ids)
         graph_set.graphs[bucket].replay()
         return graph_set.outputs[bucket][:num_tokens]

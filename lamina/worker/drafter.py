@@ -4,7 +4,10 @@
                                                          (k + 1 rows for a request that verified k drafts)
     result:  tokens of request r = a + 1 (a accepted)   its newest token was sampled by row start_r + a
              DraftRequest(tokens, block table, n)        n = min(draft_limits[r], lookahead its blocks cover)
-             proposer.propose(requests, hidden[rows])  -> ModelRunnerOutput.draft_token_ids
+             proposer.propose(requests, hidden[rows])  -> Drafts, on the device: held here per request;
+                                                          their counts -> ModelRunnerOutput.num_drafts
+    step t+1: the engine schedules up to that many      take(): the held drafts, flat, on the device (no host
+             DRAFT_ON_DEVICE drafts per request                 read): the verify step's input ids and draft ids
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from collections.abc import Iterable
 import torch
 
 from lamina.failures import is_fatal
-from lamina.spec.model_proposer import DraftRequest, ModelProposer
+from lamina.spec.model_proposer import DraftRequest, Drafts, ModelProposer
 from lamina.step import ModelRunnerOutput
 from lamina.worker.batch_state import BatchState
 
@@ -26,15 +29,42 @@ class Drafter:
     def __init__(self, proposer: ModelProposer, block_size: int) -> None:
         self.proposer = proposer
         self.block_size = block_size
+        self.held: dict[str, tuple[Drafts, int]] = {}  # request id -> the drafts of its last propose, its index
 
     def forget(self, req_ids: Iterable[str]) -> None:
+        req_ids = list(req_ids)
+        for req_id in req_ids:
+            self.held.pop(req_id, None)
         self.proposer.forget(req_ids)
+
+    def take(self, req_ids: list[str], counts: list[int]) -> torch.Tensor:
+        """The first counts[i] held drafts of each req_ids[i], flat [sum(counts)] int64 on the device (one
+        gather); they are no longer held. RuntimeError if the engine asks for drafts that are not held."""
+        offsets: dict[int, int] = {}  # id(drafts) -> where its token ids start in the concatenation
+        tables: list[torch.Tensor] = []
+        index: list[int] = []
+        for req_id, count in zip(req_ids, counts):
+            drafts, i = self._held(req_id, count)
+            if id(drafts) not in offsets:  # as a rule all come from one propose call
+                offsets[id(drafts)] = sum(t.numel() for t in tables)
+                tables.append(drafts.token_ids.view(-1))
+            index += (offsets[id(drafts)] + j for j in drafts.flat_indices(i, count))
+        flat = tables[0] if len(tables) == 1 else torch.cat(tables)
+        return flat.index_select(0, torch.tensor(index, dtype=torch.int64).to(flat.device, non_blocking=True))
+
+    def _held(self, req_id: str, count: int) -> tuple[Drafts, int]:
+        held = self.held.pop(req_id, None)
+        if held is None or held[0].counts[held[1]] < count:
+            have = 0 if held is None else held[0].counts[held[1]]
+            raise RuntimeError(f"request {req_id!r}: {count} draft(s) on the device scheduled, {have} held "
+                               "(this is a bug; please report it)")
+        return held
 
     @torch.inference_mode()
     def draft(self, limits: dict[str, int], output: ModelRunnerOutput, states: BatchState, hidden: torch.Tensor,
               row_starts: dict[str, int]) -> None:
-        """Put the drafts of the requests in `limits` that got tokens into `output.draft_token_ids`. `hidden`:
-        the step's sampling rows; `row_starts[r]`: request r's first row in it."""
+        """Draft for the requests in `limits` that got tokens: hold the drafts, put their counts into
+        `output.num_drafts`. `hidden`: the step's sampling rows; `row_starts[r]`: request r's first row in it."""
         requests, rows = self._requests(limits, output, states, row_starts)
         if not requests:
             return
@@ -44,9 +74,14 @@ class Drafter:
             if is_fatal(err):
                 raise
             logger.warning("drafting failed for %d request(s); they decode without drafts: %r", len(requests), err)
-            self.proposer.forget([r.req_id for r in requests])  # their draft KV may be half written
+            self.forget([r.req_id for r in requests])  # their draft KV may be half written
             return
-        output.draft_token_ids = {r.req_id: list(d) for r, d in zip(requests, drafts)}
+        for i, request in enumerate(requests):
+            if drafts.counts[i]:
+                self.held[request.req_id] = (drafts, i)
+            else:
+                self.held.pop(request.req_id, None)
+        output.num_drafts = {r.req_id: n for r, n in zip(requests, drafts.counts) if n}
 
     def _hidden(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
         """The drafting requests' rows of `hidden`, for a proposer that reads them (else none: no copy, no launch)."""

@@ -13,6 +13,8 @@ forward needs: first as host lists (`HostBatch`), then as device tensors (`Input
                      in logits_indices (PromptRows), so the sampling code sees only its own rows
     a decode_ahead step: one token at position c (q = 1), input id 0 until the model runner writes the
     in-flight step's sample there; it always samples
+    drafts the drafter holds on the device (lamina/step.py's DRAFT_ON_DEVICE): placeholder input ids until the
+    model runner writes the drafts there on the device (DevicePatch)
 
 The device copy packs the int64 lists (ids, positions, slots, logits rows) into one host array and
 the int32 ones (query starts, seq lens, block tables) into another, each field 16-byte aligned: two
@@ -88,6 +90,17 @@ class HostBatch:
     def is_decode_only(self) -> bool:
         """Every request has exactly one new token this step (a decode, or a one-token prompt chunk)."""
         return len(self.input_ids) == self.num_seqs
+
+
+@dataclass
+class DevicePatch:
+    """Input ids that only the device has (the drafts the drafter holds): ids[index[i]] = values[i]."""
+
+    index: torch.Tensor  # [D] int64
+    values: torch.Tensor  # [D] int64
+
+    def apply(self, input_ids: torch.Tensor) -> None:
+        input_ids.index_copy_(0, self.index, self.values)
 
 
 @dataclass

@@ -19,11 +19,11 @@ from lamina.kernels import compile_counter
 from lamina.layers.sampler import Sampler, SamplerOutput, SamplingMetadata, uses_sampling_kernel
 from lamina.layers.sampling_metadata import min_tokens_mask, philox_keys
 from lamina.sampling_params import SamplingParams
-from lamina.step import ModelRunnerOutput, SchedulerOutput
+from lamina.step import DRAFT_ON_DEVICE, ModelRunnerOutput, SchedulerOutput
 from lamina.worker.batch_state import BatchState
 from lamina.worker.cuda_graphs import CudaGraphRunner
 from lamina.worker.drafter import Drafter
-from lamina.worker.input_batch import HostBatch, plan_batch, to_device
+from lamina.worker.input_batch import DevicePatch, HostBatch, plan_batch, to_device
 from lamina.worker.pending_step import PendingStep, Verified
 from lamina.worker.penalty_state import PenaltyState
 from lamina.worker.prompt_logprobs import PromptLogprobsResult, split_prompt_rows
@@ -88,12 +88,14 @@ class ModelRunner:
             return PendingStep([], None)
         host = plan_batch(scheduled, self.states, self.block_size)
         ahead_ids = self._ahead_input_ids(host.sampling_req_ids, previous) if scheduled.decode_ahead else None
-        hidden, self._prompt_logprobs = split_prompt_rows(self.model, self._forward(host, ahead_ids), host)
+        drafts = self._held_drafts(host)
+        hidden, self._prompt_logprobs = split_prompt_rows(self.model, self._forward(host, ahead_ids, drafts), host)
         if not host.sampling_req_ids:
             return PendingStep([], None)
         logits = self.model.compute_logits(hidden)
         if any(host.num_draft_tokens):
-            self._last = self._draft_after(self._verify(logits, host), scheduled, host, hidden)
+            draft_ids = host.draft_token_ids if drafts is None else drafts.values
+            self._last = self._draft_after(self._verify(logits, host, draft_ids), scheduled, host, hidden)
             return self._last
         req_ids, positions = host.sampling_req_ids, host.sample_positions
         try:
@@ -106,15 +108,16 @@ class ModelRunner:
         self._last = self._draft_after(self._pending(req_ids, out), scheduled, host, hidden)
         return self._last
 
-    def _verify(self, logits: torch.Tensor, host: HostBatch) -> PendingStep:
-        """A step with drafts: requests without drafts sample as usual from their one row (keyed as in any other
-        step, isolated as in any other step when a row raises); the others' k + 1 rows are verified by
-        `_verify_drafts` (the target distribution exactly)."""
+    def _verify(self, logits: torch.Tensor, host: HostBatch, draft_ids: list[int] | torch.Tensor) -> PendingStep:
+        """A step with drafts (`draft_ids`, flat: on the host, or on the device when the drafter holds them):
+        requests without drafts sample as usual from their one row (keyed as in any other step, isolated as in
+        any other step when a row raises); the others' k + 1 rows are verified by `_verify_drafts` (the target
+        distribution exactly)."""
         plain, plain_rows, spec, spec_rows, num_drafts = _split_by_drafts(host.sampling_req_ids,
                                                                           host.num_draft_tokens)
         positions = [p for p, k in zip(host.sample_positions, host.num_draft_tokens) if k]
         verified, failed = self._verify_drafts(_select_rows(logits, spec_rows, self.device), spec, num_drafts,
-                                               host.draft_token_ids, positions)
+                                               draft_ids, positions)
         if not plain:
             return PendingStep([], None, failed=failed, on_result=self.states.record, verified=verified)
         positions = [p for p, k in zip(host.sample_positions, host.num_draft_tokens) if not k]
@@ -127,8 +130,9 @@ class ModelRunner:
             return self._sample_isolating(plain_logits, plain, positions, err, failed, verified)
         return self._pending(plain, sampled, failed, verified)
 
-    def _verify_drafts(self, logits: torch.Tensor, spec: list[str], num_drafts: list[int], draft_ids: list[int],
-                       positions: list[int]) -> tuple[Verified | None, dict[str, str]]:
+    def _verify_drafts(self, logits: torch.Tensor, spec: list[str], num_drafts: list[int],
+                       draft_ids: list[int] | torch.Tensor, positions: list[int]
+                       ) -> tuple[Verified | None, dict[str, str]]:
         """The drafting requests' tokens: every one of their k + 1 rows is sampled as any row is (keyed by its own
         position); reading the step keeps a request's drafts while they equal its samples, then one sample more
         (lamina.layers.accept_drafts: rejection sampling exactly for one-hot proposals, which every proposer here
@@ -205,16 +209,35 @@ class ModelRunner:
             raise ValueError("a decode_ahead request does not sample in the pending step")
         return _select_rows(previous.sampled, rows, self.device)
 
-    def _forward(self, host: HostBatch, ahead_ids: torch.Tensor | None) -> torch.Tensor:
+    def _held_drafts(self, host: HostBatch) -> DevicePatch | None:
+        """The drafts the step verifies when the drafter holds them (DRAFT_ON_DEVICE in the message; then every
+        draft of the step is): their ids, taken from the drafter on the device, and their input rows (rows
+        1..k of a request's k + 1 logits rows)."""
+        if self.drafter is None or DRAFT_ON_DEVICE not in host.draft_token_ids:
+            return None
+        if any(t != DRAFT_ON_DEVICE for t in host.draft_token_ids):
+            raise ValueError("scheduled_spec_decode_tokens: drafts on the device and on the host in one step")
+        spec = [(r, k) for r, k in zip(host.sampling_req_ids, host.num_draft_tokens) if k]
+        values = self.drafter.take([r for r, _ in spec], [k for _, k in spec])
+        index, row = [], 0
+        for k in host.num_draft_tokens:
+            index += host.logits_indices[row + 1:row + 1 + k]
+            row += k + 1
+        return DevicePatch(torch.tensor(index, dtype=torch.int64).to(self.device, non_blocking=True), values)
+
+    def _forward(self, host: HostBatch, ahead_ids: torch.Tensor | None, drafts: DevicePatch | None = None
+                 ) -> torch.Tensor:
         """Hidden states of the rows that sample. Batches of rows of at most q tokens (decode: 1, verify:
         1 + k) replay a captured graph when there is one; the rest run eagerly. `ahead_ids` overwrite the
-        input ids."""
+        input ids, `drafts` some of them."""
         if self.graphs is not None and self.graphs.can_run(host):
             # all rows, unless a one-token prompt chunk rides among the decodes (it samples nothing)
-            return _select_rows(self.graphs.run(host, ahead_ids), host.logits_indices, self.device)
+            return _select_rows(self.graphs.run(host, ahead_ids, drafts), host.logits_indices, self.device)
         batch = to_device(host, self.device)
         if ahead_ids is not None:
             batch.input_ids.copy_(ahead_ids)
+        if drafts is not None:
+            drafts.apply(batch.input_ids)
         with set_attention_metadata(batch.attn_metadata):
             hidden = self.model(batch.input_ids, batch.positions)
         return hidden[batch.logits_indices]

@@ -25,24 +25,27 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
 @dataclass
 class Verified:
     """The requests of a step whose drafts were verified: request i's k_i + 1 rows of `sampled` (one sample each,
-    on the device until read) and its k_i drafts in `draft_ids` (flat); reading keeps the drafts that equal
-    their samples and one sample more (lamina.layers.accept_drafts). `logprobs` (when a request asked) has one
-    row per sampled row."""
+    on the device until read) and its k_i drafts in `draft_ids` (flat; on the device too when the drafter made
+    them); reading keeps the drafts that equal their samples and one sample more (lamina.layers.accept_drafts).
+    `logprobs` (when a request asked) has one row per sampled row."""
 
     req_ids: list[str]
     sampled: torch.Tensor  # [sum(k_i + 1)] int64
     num_drafts: list[int]
-    draft_ids: list[int]
+    draft_ids: list[int] | torch.Tensor
     logprobs: LogprobsTensors | None = None
     num_logprobs: list[int | None] = field(default_factory=list)  # per request
 
     def to_host(self) -> Verified:
-        return dataclasses.replace(self, sampled=_to_host(self.sampled), logprobs=_logprobs_to_host(self.logprobs))
+        draft_ids = self.draft_ids if isinstance(self.draft_ids, list) else _to_host(self.draft_ids)
+        return dataclasses.replace(self, sampled=_to_host(self.sampled), draft_ids=draft_ids,
+                                   logprobs=_logprobs_to_host(self.logprobs))
 
     def read(self, sampled: dict[str, list[int]], logprobs: dict[str, list]) -> None:
         """Add each request's tokens (and the logprobs of each) to the answer's dicts (host tensors)."""
         rows = self.sampled.tolist()
-        tokens = accept_drafts(rows, self.num_drafts, self.draft_ids)
+        draft_ids = self.draft_ids if isinstance(self.draft_ids, list) else self.draft_ids.tolist()
+        tokens = accept_drafts(rows, self.num_drafts, draft_ids)
         sampled.update(zip(self.req_ids, tokens))
         if self.logprobs is None:
             return

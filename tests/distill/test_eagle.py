@@ -77,7 +77,8 @@ def test_eagle_cli_lowers_the_loss_and_writes_a_loadable_head(workdir: Path) -> 
     metadata = prefill_metadata([5], 16)  # the target computes positions 0 .. 4 in block 1: the head's features
     with torch.no_grad(), set_attention_metadata(metadata):
         target(torch.tensor(tokens[:5]), torch.arange(5))
-    drafts = proposer.propose([DraftRequest("a", tokens, metadata.block_tables[0].tolist(), 3)], torch.zeros(1, 1))
+    request = DraftRequest("a", tokens, metadata.block_tables[0].tolist(), 3)
+    drafts = proposer.propose([request], torch.zeros(1, 1)).tolist()
     assert len(drafts[0]) == 3
 
 

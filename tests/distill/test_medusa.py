@@ -60,7 +60,7 @@ def test_medusa_cli_lowers_the_loss_and_writes_a_loadable_directory(workdir: Pat
     assert config["medusa_num_heads"] == 3 and config["hidden_size"] == TINY["hidden_size"]
     target = load_model(str(workdir / "target"), load_model_arch(str(workdir / "target")), torch.float32, "cpu")
     proposer = MedusaProposer(str(out), target, "cpu", torch.float32)
-    drafts = proposer.propose([DraftRequest("a", [1, 2], [1], 5)], torch.randn(1, TINY["hidden_size"]))
+    drafts = proposer.propose([DraftRequest("a", [1, 2], [1], 5)], torch.randn(1, TINY["hidden_size"])).tolist()
     assert len(drafts[0]) == 3
 
 

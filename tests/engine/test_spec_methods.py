@@ -80,7 +80,7 @@ def _eagle_run(model_dir: str, head: str, engine: dict) -> tuple[list, dict, LLM
 
     def spy(self, requests, hidden):  # noqa: ANN001, ANN202 - records what the engine drafted
         drafts = original(self, requests, hidden)
-        seen.update({tuple(r.token_ids): tuple(d) for r, d in zip(requests, drafts)})
+        seen.update({tuple(r.token_ids): tuple(d) for r, d in zip(requests, drafts.tolist())})
         return drafts
     EagleProposer.propose = spy
     try:

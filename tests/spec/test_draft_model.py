@@ -67,7 +67,7 @@ def requests(seqs: dict[str, list[int]], num_drafts: dict[str, int], blocks: Blo
 
 
 def propose(proposer: DraftModelProposer, reqs: list[DraftRequest]) -> list[list[int]]:
-    return proposer.propose(reqs, torch.zeros(len(reqs), 64))
+    return proposer.propose(reqs, torch.zeros(len(reqs), 64)).tolist()
 
 
 def prompts(lengths: list[int], seed: int = 0) -> dict[str, list[int]]:
@@ -182,7 +182,8 @@ def test_demo_draft_matches_hf() -> None:
     tokenizer = Tokenizer.from_file(str(Path(lamina.DEMO_DRAFT) / "tokenizer.json"))
     prompt = tokenizer.encode("def fibonacci(n: int) -> int:\n    \"\"\"Return the n-th Fibonacci number.").ids
     request = DraftRequest("demo", prompt, list(range(1, 1 + -(-(len(prompt) + 4) // 16))), 5)
-    assert proposer.propose([request], torch.zeros(1, 384)) == [hf_greedy(load_hf(lamina.DEMO_DRAFT), prompt, 5)]
+    drafts = proposer.propose([request], torch.zeros(1, 384)).tolist()
+    assert drafts == [hf_greedy(load_hf(lamina.DEMO_DRAFT), prompt, 5)]
 
 
 def test_the_captured_draft_loop_drafts_what_hf_does(dirs: dict[str, Path]) -> None:

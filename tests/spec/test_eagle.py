@@ -18,7 +18,7 @@ from lamina.models.common import CausalLM
 from lamina.spec.eagle import EagleProposer
 from lamina.spec.eagle_head import EagleHead, EagleHeadConfig, default_aux_layers, save_head
 from lamina.distill.eagle_ttt import unroll
-from lamina.spec.model_proposer import DraftRequest
+from lamina.spec.model_proposer import DraftRequest, Drafts
 from tests.helpers.tiny_models import make_tiny_model
 
 transformers = pytest.importorskip("transformers")
@@ -145,20 +145,20 @@ def test_paged_drafts_equal_the_unrolled_head(target_dir: Path, target: CausalLM
             assert proposer.features[_slots(blocks, 0, count)].abs().min() > 0
         seen = tokens[:start + 1]
         if len(seen) >= 2:
-            drafts = proposer.propose([DraftRequest("r", seen, blocks, 4)], torch.zeros(1, 1))
+            drafts = proposer.propose([DraftRequest("r", seen, blocks, 4)], torch.zeros(1, 1)).tolist()
             assert drafts == [_reference_drafts(proposer, feats, seen, 4)]
     # The verify step computes positions 9 .. 13 (the newest token and the 4 drafts); draft 0 is accepted, draft 1
     # rejected: positions 9 and 10 are verified, 11 .. 13 hold rejected drafts (not read), the draft KV is stale.
     compute(target, tokens + drafts[0], blocks, 9, 5)
     longer = tokens + [drafts[0][0], drafts[0][1] ^ 1]
     feats = _hf_features(target_dir, longer, layers)
-    got = proposer.propose([DraftRequest("r", longer, blocks, 2)], torch.zeros(1, 1))
+    got = proposer.propose([DraftRequest("r", longer, blocks, 2)], torch.zeros(1, 1)).tolist()
     assert got == [_reference_drafts(proposer, feats, longer, 2)]
     # Preempted and recomputed in other blocks: forget, then a catch-up from position 0.
     proposer.forget(["r"])
     moved = [9, 10, 11, 13]
     compute(target, longer, moved, 0, 11)
-    got = proposer.propose([DraftRequest("r", longer, moved, 2)], torch.zeros(1, 1))
+    got = proposer.propose([DraftRequest("r", longer, moved, 2)], torch.zeros(1, 1)).tolist()
     assert got == [_reference_drafts(proposer, feats, longer, 2)]
 
 
@@ -166,7 +166,7 @@ def test_no_drafts_for_a_request_of_one_token(target_dir: Path, target: CausalLM
     proposer = _proposer(target_dir, target, tmp_path, 8)
     compute(target, [1, 2, 3, 4, 5, 6], [1, 2], 0, 5)
     got = proposer.propose([DraftRequest("a", [7], [1, 2], 3), DraftRequest("b", [1, 2, 3, 4, 5, 6], [1, 2], 3)],
-                           torch.zeros(2, 1))
+                           torch.zeros(2, 1)).tolist()
     assert got[0] == [] and len(got[1]) == 3
     # one layer, 2 kv heads of 16, fp32; and each token's stored features (fp32)
     assert proposer.kv_bytes_per_block(BS) == 2 * BS * 2 * 16 * 4 + BS * target.arch.hidden_size * 4
@@ -232,7 +232,7 @@ def test_the_captured_loops_draft_what_the_unrolled_head_does(target_dir: Path, 
 
     def propose(drafting: dict[str, int]) -> dict[str, list[int]]:
         requests = [DraftRequest(r, seqs[r], blocks[r], k) for r, k in drafting.items()]
-        return dict(zip(drafting, proposer.propose(requests, torch.zeros(len(requests), 1))))
+        return dict(zip(drafting, proposer.propose(requests, torch.zeros(len(requests), 1)).tolist()))
 
     for r, start, count in (("b", 0, 2), ("d", 0, 1), ("a", 0, 9), ("b", 2, 2), ("c", 0, 5), ("d", 1, 1)):
         compute(target, seqs[r], blocks[r], start, count)
@@ -265,7 +265,12 @@ def test_replayed_target_steps_store_what_eager_steps_do(target_dir: Path, tmp_p
             worker.runner.graphs.capture_all()
         proposer, drafts = worker.runner.drafter.proposer, []
         propose = proposer.propose
-        proposer.propose = lambda requests, hidden: drafts.append(propose(requests, hidden)) or drafts[-1]
+
+        def recording(requests: list, hidden: torch.Tensor) -> Drafts:
+            out = propose(requests, hidden)
+            drafts.append(out.tolist())
+            return out
+        proposer.propose = recording
         out = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
         llm.engine.check_integrity()
         return [o.outputs[0].token_ids for o in out], drafts

@@ -112,7 +112,7 @@ def test_drafts_match_truncated_hf_in_one_batch(target: Target, exit_layer: int)
     bind_sentinel_cache(target)
     prefill(target, requests)
     proposer = EarlyExitProposer(target.model, exit_layer, BLOCK_SIZE)
-    drafts = proposer.propose(requests, torch.zeros(len(requests), target.arch.hidden_size))
+    drafts = proposer.propose(requests, torch.zeros(len(requests), target.arch.hidden_size)).tolist()
     assert [len(d) for d in drafts] == NUM_DRAFTS
     assert drafts == oracle(target.hf, exit_layer, requests)
 
@@ -123,7 +123,7 @@ def test_writes_only_drafted_slots_of_first_layers(target: Target) -> None:
     caches = bind_sentinel_cache(target)
     prefill(target, requests)
     before = [(k.clone(), v.clone()) for k, v in caches]
-    EarlyExitProposer(target.model, exit_layer, BLOCK_SIZE).propose(requests, torch.empty(0))
+    EarlyExitProposer(target.model, exit_layer, BLOCK_SIZE).propose(requests, torch.empty(0)).tolist()
     written = drafted_slots(requests)
     for layer, ((k, v), (k0, v0)) in enumerate(zip(caches, before)):
         untouched = ~written if layer < exit_layer else torch.ones_like(written)
@@ -139,7 +139,7 @@ def test_drafted_kv_is_what_the_verifier_writes(target: Target) -> None:
     requests = make_requests(LENGTHS, NUM_DRAFTS, seed=3)
     caches = bind_sentinel_cache(target)
     prefill(target, requests)
-    drafts = EarlyExitProposer(target.model, exit_layer, BLOCK_SIZE).propose(requests, torch.empty(0))
+    drafts = EarlyExitProposer(target.model, exit_layer, BLOCK_SIZE).propose(requests, torch.empty(0)).tolist()
     drafted = [(k.clone(), v.clone()) for k, v in caches[:exit_layer]]
     run_target(target.model, requests, [([r.token_ids[-1]] + d[:-1], len(r.token_ids) - 1)
                                         for r, d in zip(requests, drafts)])
@@ -156,7 +156,7 @@ def test_is_a_model_proposer_without_kv(target: Target) -> None:
     assert proposer.kv_bytes_per_block(BLOCK_SIZE) == 0
     proposer.bind_cache(NUM_BLOCKS, BLOCK_SIZE)
     proposer.forget(["r0"])
-    assert proposer.propose([], torch.empty(0)) == []
+    assert proposer.propose([], torch.empty(0)).tolist() == []
 
 
 @pytest.mark.parametrize("exit_layer", [0, -1, NUM_LAYERS, NUM_LAYERS + 1])
@@ -174,7 +174,7 @@ def test_default_exit_layer() -> None:
 def test_blocks_not_covering_the_drafts_are_a_value_error(target: Target) -> None:
     request = DraftRequest("short", list(range(8)), [1, 2], 2)  # needs positions [0, 9): 3 blocks of 4
     with pytest.raises(ValueError, match="do not cover"):
-        EarlyExitProposer(target.model, 1, BLOCK_SIZE).propose([request], torch.empty(0))
+        EarlyExitProposer(target.model, 1, BLOCK_SIZE).propose([request], torch.empty(0)).tolist()
 
 
 def test_demo_model_matches_truncated_hf() -> None:
@@ -190,7 +190,7 @@ def test_demo_model_matches_truncated_hf() -> None:
         model(torch.tensor(tokens[:-1]), torch.arange(len(tokens) - 1))
     proposer = EarlyExitProposer(model, None, block_size)
     assert proposer.exit_layer == 3  # a third of 9
-    assert proposer.propose([request], torch.empty(0)) == oracle(load_hf(DEMO_MODEL), 3, [request])
+    assert proposer.propose([request], torch.empty(0)).tolist() == oracle(load_hf(DEMO_MODEL), 3, [request])
 
 
 def test_the_captured_draft_loop_drafts_what_the_eager_path_does(target: Target) -> None:
@@ -214,7 +214,7 @@ def test_the_captured_draft_loop_drafts_what_the_eager_path_does(target: Target)
             v.fill_(SENTINEL)
         prefill(graphed, requests)
         before = [(k.clone(), v.clone()) for k, v in caches]
-        drafts = proposer.propose(requests, torch.empty(0))
+        drafts = proposer.propose(requests, torch.empty(0)).tolist()
         assert drafts == oracle(target.hf, exit_layer, requests)
         written = drafted_slots(requests)
         for layer, ((k, v), (k0, v0)) in enumerate(zip(caches, before)):

@@ -59,7 +59,7 @@ def test_drafts_equal_an_independent_computation(target: CausalLM, tmp_path: Pat
     proposer = MedusaProposer(write_heads(tmp_path / "h", random_heads()), target, "cpu", torch.float32)
     assert isinstance(proposer, ModelProposer)
     hidden = torch.randn(6, HIDDEN, generator=torch.Generator().manual_seed(1))
-    drafts = proposer.propose(requests_for([K] * 6), hidden)
+    drafts = proposer.propose(requests_for([K] * 6), hidden).tolist()
     tensors, lm_head = load_file(str(tmp_path / "h" / WEIGHTS)), target.lm_head.weight
     for j in range(K):
         w, b = tensors[f"medusa_head.{j}.0.linear.weight"], tensors[f"medusa_head.{j}.0.linear.bias"]
@@ -71,16 +71,16 @@ def test_fresh_heads_draft_the_base_models_next_token_guess(target: CausalLM, tm
     proposer = MedusaProposer(write_heads(tmp_path / "h", MedusaHeads(K, HIDDEN)), target, "cpu", torch.float32)
     hidden = torch.randn(4, HIDDEN, generator=torch.Generator().manual_seed(2))
     base = target.compute_logits(hidden).argmax(dim=-1).tolist()
-    assert proposer.propose(requests_for([K] * 4), hidden) == [[token] * K for token in base]
+    assert proposer.propose(requests_for([K] * 4), hidden).tolist() == [[token] * K for token in base]
 
 
 def test_num_drafts_limits_and_no_kv(target: CausalLM, tmp_path: Path) -> None:
     proposer = MedusaProposer(write_heads(tmp_path / "h", random_heads()), target, "cpu", torch.float32)
     hidden = torch.randn(3, HIDDEN, generator=torch.Generator().manual_seed(3))
-    full = proposer.propose(requests_for([K] * 3), hidden)
-    assert proposer.propose(requests_for([1, 2, K + 4]), hidden) == [full[0][:1], full[1][:2], full[2]]
-    assert proposer.propose(requests_for([1, 1, 1]), hidden) == [row[:1] for row in full]
-    assert proposer.propose([], hidden[:0]) == []
+    full = proposer.propose(requests_for([K] * 3), hidden).tolist()
+    assert proposer.propose(requests_for([1, 2, K + 4]), hidden).tolist() == [full[0][:1], full[1][:2], full[2]]
+    assert proposer.propose(requests_for([1, 1, 1]), hidden).tolist() == [row[:1] for row in full]
+    assert proposer.propose([], hidden[:0]).tolist() == []
     assert proposer.kv_bytes_per_block(16) == 0
     proposer.bind_cache(8, 16)
     proposer.compile_and_capture(8, 64, K, None)
@@ -91,7 +91,7 @@ def test_bf16_heads_on_a_bf16_target(tmp_path: Path) -> None:
     path = str(make_tiny_model("llama", tmp_path / "t"))
     target = load_model(path, load_model_arch(path), torch.bfloat16, "cpu")
     proposer = MedusaProposer(write_heads(tmp_path / "h", random_heads()), target, "cpu", torch.bfloat16)
-    drafts = proposer.propose(requests_for([K, 2]), torch.randn(2, HIDDEN, dtype=torch.bfloat16))
+    drafts = proposer.propose(requests_for([K, 2]), torch.randn(2, HIDDEN, dtype=torch.bfloat16)).tolist()
     assert [len(d) for d in drafts] == [K, 2] and all(0 <= t < VOCAB for d in drafts for t in d)
 
 
@@ -152,7 +152,7 @@ def test_shipped_heads_agree_with_the_demo_models_greedy_tokens(tmp_path: Path) 
         hidden = final_hidden(model, arch, ids)
         greedy = model.compute_logits(hidden).argmax(dim=-1)
         rows = len(ids) - 3  # position p drafts p + 2 (head 0) and p + 3 (head 1)
-        drafts = torch.tensor(proposer.propose(requests_for([2] * rows), hidden[:rows]))
+        drafts = torch.tensor(proposer.propose(requests_for([2] * rows), hidden[:rows]).tolist())
         hits += (drafts == torch.stack([greedy[1:rows + 1], greedy[2:rows + 2]], dim=1)).sum(dim=0)
         total += rows
     rates = (hits / total).tolist()

@@ -127,7 +127,7 @@ def _with_eager_graphs(llm: LLM, max_batch_size: int) -> list[HostBatch]:
     graphs.capture_all()
     replayed: list[HostBatch] = []
     original_run = graphs.run
-    graphs.run = lambda batch, ids=None: replayed.append(batch) or original_run(batch, ids)
+    graphs.run = lambda batch, ids=None, drafts=None: replayed.append(batch) or original_run(batch, ids, drafts)
     worker.runner.graphs = graphs
     return replayed
 
@@ -162,11 +162,15 @@ def test_replayed_steps_with_one_token_prompt_chunks_equal_eager(model_dir: str)
     llm.engine.check_integrity()
 
 
-def test_replayed_verify_steps_equal_eager(model_dir: str) -> None:
+@pytest.mark.parametrize("spec", [
+    {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2,
+     "adaptive": False},
+    {"method": "early_exit", "num_speculative_tokens": 3, "exit_layer": 1, "adaptive": False},  # drafts on the device
+], ids=["ngram", "early_exit"])
+def test_replayed_verify_steps_equal_eager(model_dir: str, spec: dict) -> None:
     """With drafts, steps of up to 1 + k tokens a row replay the verify graphs (q = 4) and give the eager
-    tokens; plain decode steps still replay the q = 1 graphs."""
-    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2,
-            "adaptive": False}
+    tokens; plain decode steps still replay the q = 1 graphs. The worker's own drafts (early exit) reach the
+    graph's input ids on the device."""
     prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [7, 8, 9, 10, 7, 8], [(5 * j) % 64 + 1 for j in range(11)]]
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (14, 9, 12)]
     inputs = [{"prompt_token_ids": p} for p in prompts]
@@ -178,7 +182,7 @@ def test_replayed_verify_steps_equal_eager(model_dir: str) -> None:
     graphs.capture_all()
     replayed: list[HostBatch] = []
     original_run = graphs.run
-    graphs.run = lambda batch, ids=None: replayed.append(batch) or original_run(batch, ids)
+    graphs.run = lambda batch, ids=None, drafts=None: replayed.append(batch) or original_run(batch, ids, drafts)
     worker.runner.graphs = graphs
     out = llm.generate(inputs, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in eager]

@@ -1,9 +1,13 @@
-"""Drafter: a worker-side proposer's drafts join the step's answer; a proposer that raises drops only them."""
+"""Drafter: a worker-side proposer's drafts stay on the device, their counts join the step's answer, and the
+next step takes them from the device; a proposer that raises drops only them."""
 from __future__ import annotations
 
 import torch
 
+import pytest
+
 from lamina.sampling_params import SamplingParams
+from lamina.spec.model_proposer import Drafts
 from lamina.step import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from lamina.worker.batch_state import BatchState
 from lamina.worker.drafter import Drafter
@@ -18,7 +22,11 @@ class Proposer:
         self.asked.append([(r.req_id, list(r.token_ids), r.num_drafts, hidden.tolist()) for r in requests])
         if self.fail:
             raise RuntimeError("out of memory in the draft (simulated)")
-        return [[7] * r.num_drafts for r in requests]
+        # request i drafts 10 * i + 1, 10 * i + 2, ... (rows in reverse order, one row wider than needed)
+        width = max(r.num_drafts for r in requests) + 1
+        rows = [[10 * i + j + 1 for j in range(width)] for i in range(len(requests))][::-1]
+        return Drafts(torch.tensor(rows), [len(requests) - 1 - i for i in range(len(requests))],
+                      [r.num_drafts for r in requests])
 
     def forget(self, req_ids) -> None:  # noqa: ANN001
         self.forgotten += list(req_ids)
@@ -36,9 +44,13 @@ def test_drafts_follow_the_newest_token_and_stay_inside_the_blocks() -> None:
     output = ModelRunnerOutput(sampled_token_ids={"a": [4]})
     states.record(output)  # tokens 1 2 3 4: N = 4, blocks of 4 cover positions [0, 8)
     hidden = torch.arange(6.0).view(3, 2)  # three sampling rows; "a"'s starts at row 1
-    Drafter(proposer, block_size=4).draft({"a": 3}, output, states, hidden, {"a": 1})
-    assert output.draft_token_ids == {"a": [7, 7, 7]}
+    drafter = Drafter(proposer, block_size=4)
+    drafter.draft({"a": 3}, output, states, hidden, {"a": 1})
+    assert output.num_drafts == {"a": 3}
     assert proposer.asked == [[("a", [1, 2, 3, 4], 3, [[2.0, 3.0]])]]
+    assert drafter.take(["a"], [2]).tolist() == [1, 2]  # the first ones when the engine schedules fewer
+    with pytest.raises(RuntimeError, match="'a': 1 draft"):  # taken: no longer held
+        drafter.take(["a"], [1])
 
 
 def test_a_proposer_that_reads_no_hidden_state_gets_none() -> None:
@@ -46,7 +58,7 @@ def test_a_proposer_that_reads_no_hidden_state_gets_none() -> None:
     output = ModelRunnerOutput(sampled_token_ids={"a": [4]})
     states.record(output)
     Drafter(proposer, block_size=4).draft({"a": 2}, output, states, torch.arange(6.0).view(3, 2), {"a": 1})
-    assert output.draft_token_ids == {"a": [7, 7]}
+    assert output.num_drafts == {"a": 2}
     assert proposer.asked == [[("a", [1, 2, 3, 4], 2, [])]]
 
 
@@ -55,5 +67,19 @@ def test_a_failing_proposer_drops_its_drafts_only() -> None:
     output = ModelRunnerOutput(sampled_token_ids={"a": [4]})
     states.record(output)
     Drafter(proposer, block_size=4).draft({"a": 2}, output, states, torch.zeros(1, 2), {"a": 0})
-    assert output.draft_token_ids == {} and output.sampled_token_ids == {"a": [4]}
+    assert output.num_drafts == {} and output.sampled_token_ids == {"a": [4]}
     assert proposer.forgotten == ["a"]  # its draft KV may be half written
+
+
+def test_take_gathers_the_drafts_of_several_calls_in_the_order_asked() -> None:
+    drafter = Drafter(Proposer(fail=False), block_size=4)
+    first = Drafts(torch.tensor([[5, 6, 0], [7, 8, 9]]), rows=[1, 0, 0], counts=[3, 2, 0])  # c: none
+    second = Drafts(torch.tensor([[40, 41]]), rows=[0], counts=[2])
+    drafter.held = {"a": (first, 0), "b": (first, 1), "c": (first, 2), "d": (second, 0)}
+    assert drafter.take(["d", "a", "b"], [1, 3, 2]).tolist() == [40, 7, 8, 9, 5, 6]
+    with pytest.raises(RuntimeError, match="'c': 1 draft.* 0 held"):
+        drafter.take(["c"], [1])
+    drafter.held["e"] = (second, 0)
+    drafter.forget(["e"])
+    with pytest.raises(RuntimeError, match="'e'"):
+        drafter.take(["e"], [1])
