@@ -6,10 +6,12 @@ early exit) or an EAGLE head (lamina/spec/eagle_loop.py).
     catch-up     rows of at most q tokens (query_len, k + 1 by default; lamina/graphs.py's layout): what the
                  net has not yet fed of each row, through the position before its first draft
                  draft 0 = argmax(net.catch_up logits at each row's last token)   last[i]: its flat index
-    step j       feed draft j-1 at position base + j  (1 <= j < k), on the device:
+    step j       feed draft j-1 (on the device) at (1 <= j < k):
                    pos   = base + j            if j < limit  else base
                    slot  = table[pos // bs] * bs + pos % bs  if j < limit  else -1  (writes nothing)
                    seq   = pos + 1
+                 (every step's pos, slot and seq are computed on the host with the catch-up and copied with
+                 it: `step_rows`; no arithmetic kernels in the loop)
                  draft j = argmax(net.step logits)
     output       drafts [b, k]; row i's first limit[i] are its drafts
 
@@ -74,6 +76,17 @@ def stack_columns(columns: list[torch.Tensor]) -> torch.Tensor:
     for j, column in enumerate(columns):
         out[:len(column), j] = column
     return out
+
+
+def step_rows(table: np.ndarray, base: np.ndarray, limit: np.ndarray, k: int, block_size: int) -> np.ndarray:
+    """[k - 1, 3, b] int64: pos, slot and seq of each of b rows at each step j = 1 .. k - 1 (the module
+    docstring: a row past its limit recomputes its base and stores nothing); `table` [b, W] holds the block ids."""
+    j = np.arange(1, k)[:, None]
+    active = limit[None, :] > j
+    pos = np.where(active, base[None, :] + j, base[None, :])
+    block = table[np.arange(len(base))[None, :], pos // block_size]
+    slot = np.where(active, block * block_size + pos % block_size, -1)
+    return np.stack([pos, slot, pos + 1], axis=1)
 
 
 class HostCopy:
@@ -145,7 +158,8 @@ class DraftLoop:
         self.graph_cls = graph_cls
         rows = self.buckets[-1]
         self.buffers = StaticBuffers.allocate(rows, self.max_blocks_per_seq, device, query_len=self.query_len)
-        self.rows = torch.zeros(3, rows, dtype=torch.int64, device=device)  # last index, base, limit
+        # the catch-up's last index, then pos, slot and seq of each step j (step_rows)
+        self.rows = torch.zeros(1 + 3 * (k - 1), rows, dtype=torch.int64, device=device)
         self.decode_starts = torch.arange(rows + 1, dtype=torch.int32, device=device)
         self.graphs: dict[int, Graph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
@@ -171,10 +185,13 @@ class DraftLoop:
         n = batch.num_seqs
         bucket = bucket_for(n, self.buckets)
         self.buffers.fill(batch, bucket)
-        pads = len(batch.input_ids) + np.arange(bucket - n)  # each padding row's one token slot
-        rows = np.zeros((3, bucket), dtype=np.int64)
-        rows[0, :n], rows[0, n:] = last, pads
-        rows[1, :n], rows[2, :n] = base, limit
+        rows = np.empty((1 + 3 * (self.k - 1), bucket), dtype=np.int64)
+        rows[0, :n], rows[0, n:] = last, len(batch.input_ids) + np.arange(bucket - n)  # padding: its one slot
+        padded = np.zeros((2, bucket), dtype=np.int64)  # base, limit; a padding row: 0, 0 (the null block)
+        padded[0, :n], padded[1, :n] = base, limit
+        table = np.zeros((bucket, len(batch.block_tables[0])), dtype=np.int64)
+        table[:n] = batch.block_tables
+        rows[1:] = step_rows(table, padded[0], padded[1], self.k, self.block_size).reshape(-1, bucket)
         self.rows[:, :bucket].copy_(torch.from_numpy(rows), non_blocking=True)
         self.graphs[bucket].replay()
         return self.outputs[bucket][:n].clone()
@@ -183,7 +200,7 @@ class DraftLoop:
         buffers, q = self.buffers, self.query_len
         catch_up = buffers.metadata(bucket, self.max_model_len)
         ids, positions = buffers.input_ids[:bucket * q], buffers.positions[:bucket * q]
-        last, base, limit = self.rows[0, :bucket], self.rows[1, :bucket], self.rows[2, :bucket]
+        last, steps = self.rows[0, :bucket], self.rows[1:, :bucket].view(self.k - 1, 3, bucket)
         table = buffers.block_tables[:bucket]
 
         def loop() -> torch.Tensor:
@@ -191,22 +208,19 @@ class DraftLoop:
                 logits, carry = self.net.catch_up(ids, positions, last)
             token = logits.argmax(dim=-1)
             drafts = [token]
+            seq_lens = steps[:, 2].to(torch.int32) if self.k > 1 else None  # one conversion for every step
             for j in range(1, self.k):
-                active = limit > j
-                pos = torch.where(active, base + j, base)
-                with set_attention_metadata(self._step_metadata(table, pos, active, bucket)):
+                pos = steps[j - 1, 0]
+                with set_attention_metadata(self._step_metadata(table, steps[j - 1, 1], seq_lens[j - 1], bucket)):
                     logits, carry = self.net.step(token, pos, carry)
                 token = logits.argmax(dim=-1)
                 drafts.append(token)
             return torch.stack(drafts, dim=1)
         return loop
 
-    def _step_metadata(self, table: torch.Tensor, pos: torch.Tensor, active: torch.Tensor,
+    def _step_metadata(self, table: torch.Tensor, slots: torch.Tensor, seq_lens: torch.Tensor,
                        bucket: int) -> AttentionMetadata:
-        bs = self.block_size
-        block = table.gather(1, (pos // bs).unsqueeze(1)).squeeze(1).to(torch.int64)
-        slots = torch.where(active, block * bs + pos % bs, -1)
         return AttentionMetadata(
-            slot_mapping=slots, query_start_loc=self.decode_starts[:bucket + 1], seq_lens=(pos + 1).to(torch.int32),
+            slot_mapping=slots, query_start_loc=self.decode_starts[:bucket + 1], seq_lens=seq_lens,
             block_tables=table, max_query_len=1, max_seq_len=self.max_model_len,
             query_start_loc_cpu=list(range(bucket + 1)), seq_lens_cpu=[self.max_model_len] * bucket)

@@ -7,19 +7,22 @@
              proposer.propose(requests, hidden[rows])  -> Drafts, on the device: held here per request;
                                                           their counts -> ModelRunnerOutput.num_drafts
     step t+1: the engine schedules up to that many      take(): the held drafts, flat, on the device (no host
-             DRAFT_ON_DEVICE drafts per request                 read): the verify step's input ids and draft ids
+             DRAFT_ON_DEVICE drafts per request                 read), as a patch of the verify step's input ids
 """
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
 
+import numpy as np
 import torch
 
+from lamina.device import packed_to_device
 from lamina.failures import is_fatal
 from lamina.spec.model_proposer import DraftRequest, Drafts, ModelProposer
 from lamina.step import ModelRunnerOutput
 from lamina.worker.batch_state import BatchState
+from lamina.worker.input_batch import DevicePatch
 
 
 logger = logging.getLogger(__name__)
@@ -37,9 +40,10 @@ class Drafter:
             self.held.pop(req_id, None)
         self.proposer.forget(req_ids)
 
-    def take(self, req_ids: list[str], counts: list[int]) -> torch.Tensor:
-        """The first counts[i] held drafts of each req_ids[i], flat [sum(counts)] int64 on the device (one
-        gather); they are no longer held. RuntimeError if the engine asks for drafts that are not held."""
+    def take(self, req_ids: list[str], counts: list[int], rows: list[int]) -> DevicePatch:
+        """The first counts[i] held drafts of each req_ids[i], flat (sum(counts) of them), as a patch of the step's
+        input ids at `rows` (one host-to-device copy of both indices, one gather); they are no longer held.
+        RuntimeError if the engine asks for drafts that are not held."""
         offsets: dict[int, int] = {}  # id(drafts) -> where its token ids start in the concatenation
         tables: list[torch.Tensor] = []
         index: list[int] = []
@@ -50,7 +54,9 @@ class Drafter:
                 tables.append(drafts.token_ids.view(-1))
             index += (offsets[id(drafts)] + j for j in drafts.flat_indices(i, count))
         flat = tables[0] if len(tables) == 1 else torch.cat(tables)
-        return flat.index_select(0, torch.tensor(index, dtype=torch.int64).to(flat.device, non_blocking=True))
+        source, target = packed_to_device([np.array(index, dtype=np.int64), np.array(rows, dtype=np.int64)],
+                                          np.int64, flat.device)
+        return DevicePatch(target, flat.index_select(0, source))
 
     def _held(self, req_id: str, count: int) -> tuple[Drafts, int]:
         held = self.held.pop(req_id, None)

@@ -218,12 +218,11 @@ class ModelRunner:
         if any(t != DRAFT_ON_DEVICE for t in host.draft_token_ids):
             raise ValueError("scheduled_spec_decode_tokens: drafts on the device and on the host in one step")
         spec = [(r, k) for r, k in zip(host.sampling_req_ids, host.num_draft_tokens) if k]
-        values = self.drafter.take([r for r, _ in spec], [k for _, k in spec])
-        index, row = [], 0
+        rows, row = [], 0
         for k in host.num_draft_tokens:
-            index += host.logits_indices[row + 1:row + 1 + k]
+            rows += host.logits_indices[row + 1:row + 1 + k]
             row += k + 1
-        return DevicePatch(torch.tensor(index, dtype=torch.int64).to(self.device, non_blocking=True), values)
+        return self.drafter.take([r for r, _ in spec], [k for _, k in spec], rows)
 
     def _forward(self, host: HostBatch, ahead_ids: torch.Tensor | None, drafts: DevicePatch | None = None
                  ) -> torch.Tensor:

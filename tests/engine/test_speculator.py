@@ -218,19 +218,20 @@ class _SlowProposer:
 def test_the_cost_model_gets_a_step_without_the_decision_inside_it(tmp_path) -> None:
     """The decision on the next step's drafts runs inside a step's call (before its outputs); the policy charges
     decisions apart (c_draft), so the step time its cost model gets leaves the decision out: with proposals made
-    50 ms slower, the steps the engine logs with a decision take > 50 ms, the times the cost model gets do not."""
+    200 ms slower, the steps the engine logs with a decision take > 200 ms, the times the cost model gets do not
+    (a step of the tiny model takes a few ms, tens on a loaded machine)."""
     model = make_tiny_model("llama", tmp_path / "m", vocab_size=320)
     llm = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64,
               speculative_config={"method": "ngram", "num_speculative_tokens": 3})
     engine = llm.engine
     policy = engine.speculator.policy
-    engine.speculator.proposer = _SlowProposer(engine.speculator.proposer, 0.05)
+    engine.speculator.proposer = _SlowProposer(engine.speculator.proposer, 0.2)
     observed: list[float] = []
     observe = policy.observe_scheduled
     policy.observe_scheduled = lambda scheduled, seconds: (observed.append(seconds), observe(scheduled, seconds))
     engine.step_log = []
     llm.generate([{"prompt_token_ids": [5, 6, 7, 5, 6, 7, 5, 6]}],
                  SamplingParams(temperature=0, max_tokens=30, ignore_eos=True), use_tqdm=False)
-    slow = [step.seconds for step in engine.step_log if step.seconds > 0.05]
-    assert len(slow) >= 2 and len(observed) >= 2 and max(observed) < 0.05
+    slow = [step.seconds for step in engine.step_log if step.seconds > 0.2]
+    assert len(slow) >= 2 and len(observed) >= 2 and max(observed) < 0.2
     engine.check_integrity()

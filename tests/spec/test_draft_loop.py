@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lamina.spec.draft_loop import block_table, slot_mapping
+from lamina.spec.draft_loop import block_table, slot_mapping, step_rows
 from lamina.spec.eagle_loop import CatchUpRow, _flat_rows
 
 
@@ -29,3 +29,13 @@ def test_flat_rows_lays_out_each_rows_positions() -> None:
     assert positions.tolist() == [4, 5, 6, 9, 0, 1]
     assert row_of.tolist() == [0, 0, 0, 1, 2, 2]
     assert [r.base for r in rows] == [6, 9, 1]
+
+
+def test_step_rows_feed_each_draft_after_the_base_and_store_nothing_past_the_limit() -> None:
+    table = block_table([[3, 5, 6], [7, 8], [0]]).astype(np.int64)  # row 2: a padding row (base 0, limit 0)
+    rows = step_rows(table, base=np.array([14, 3, 0]), limit=np.array([3, 1, 0]), k=4, block_size=8)
+    assert rows.shape == (3, 3, 3)  # steps 1..3, (pos, slot, seq), rows
+    pos, slot, seq = rows[:, 0], rows[:, 1], rows[:, 2]
+    assert pos.tolist() == [[15, 3, 0], [16, 3, 0], [14, 3, 0]]  # row 0 drafts 3: steps 1, 2; then its base
+    assert slot.tolist() == [[5 * 8 + 7, -1, -1], [6 * 8 + 0, -1, -1], [-1, -1, -1]]
+    assert seq.tolist() == (pos + 1).tolist()

@@ -48,9 +48,13 @@ def test_drafts_follow_the_newest_token_and_stay_inside_the_blocks() -> None:
     drafter.draft({"a": 3}, output, states, hidden, {"a": 1})
     assert output.num_drafts == {"a": 3}
     assert proposer.asked == [[("a", [1, 2, 3, 4], 3, [[2.0, 3.0]])]]
-    assert drafter.take(["a"], [2]).tolist() == [1, 2]  # the first ones when the engine schedules fewer
+    patch = drafter.take(["a"], [2], rows=[5, 6])  # the first ones when the engine schedules fewer
+    assert patch.values.tolist() == [1, 2] and patch.index.tolist() == [5, 6]
+    ids = torch.zeros(8, dtype=torch.int64)
+    patch.apply(ids)
+    assert ids.tolist() == [0, 0, 0, 0, 0, 1, 2, 0]
     with pytest.raises(RuntimeError, match="'a': 1 draft"):  # taken: no longer held
-        drafter.take(["a"], [1])
+        drafter.take(["a"], [1], rows=[0])
 
 
 def test_a_proposer_that_reads_no_hidden_state_gets_none() -> None:
@@ -76,10 +80,10 @@ def test_take_gathers_the_drafts_of_several_calls_in_the_order_asked() -> None:
     first = Drafts(torch.tensor([[5, 6, 0], [7, 8, 9]]), rows=[1, 0, 0], counts=[3, 2, 0])  # c: none
     second = Drafts(torch.tensor([[40, 41]]), rows=[0], counts=[2])
     drafter.held = {"a": (first, 0), "b": (first, 1), "c": (first, 2), "d": (second, 0)}
-    assert drafter.take(["d", "a", "b"], [1, 3, 2]).tolist() == [40, 7, 8, 9, 5, 6]
+    assert drafter.take(["d", "a", "b"], [1, 3, 2], rows=list(range(6))).values.tolist() == [40, 7, 8, 9, 5, 6]
     with pytest.raises(RuntimeError, match="'c': 1 draft.* 0 held"):
-        drafter.take(["c"], [1])
+        drafter.take(["c"], [1], rows=[0])
     drafter.held["e"] = (second, 0)
     drafter.forget(["e"])
     with pytest.raises(RuntimeError, match="'e'"):
-        drafter.take(["e"], [1])
+        drafter.take(["e"], [1], rows=[0])
