@@ -213,10 +213,11 @@ class ModelRunner:
         """The drafts the step verifies when the drafter holds them (DRAFT_ON_DEVICE in the message; then every
         draft of the step is): their ids, taken from the drafter on the device, and their input rows (rows
         1..k of a request's k + 1 logits rows)."""
-        if self.drafter is None or DRAFT_ON_DEVICE not in host.draft_token_ids:
+        if DRAFT_ON_DEVICE not in host.draft_token_ids:
             return None
-        if any(t != DRAFT_ON_DEVICE for t in host.draft_token_ids):
-            raise ValueError("scheduled_spec_decode_tokens: drafts on the device and on the host in one step")
+        if self.drafter is None or any(t != DRAFT_ON_DEVICE for t in host.draft_token_ids):
+            raise ValueError("scheduled_spec_decode_tokens: DRAFT_ON_DEVICE entries need a worker-side proposer, "
+                             "and no host drafts beside them in one step")
         spec = [(r, k) for r, k in zip(host.sampling_req_ids, host.num_draft_tokens) if k]
         rows, row = [], 0
         for k in host.num_draft_tokens:

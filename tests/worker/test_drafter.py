@@ -6,12 +6,14 @@ import torch
 
 import pytest
 
+from lamina import LLM
 from lamina.sampling_params import SamplingParams
 from lamina.spec.model_proposer import Drafts
-from lamina.step import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from lamina.step import DRAFT_ON_DEVICE, ModelRunnerOutput, NewRequestData, SchedulerOutput
 from lamina.worker.batch_state import BatchState
 from lamina.worker.drafter import Drafter
 from lamina.worker.penalty_state import PenaltyState
+from tests.helpers.tiny_models import make_tiny_model
 
 
 class Proposer:
@@ -87,3 +89,13 @@ def test_take_gathers_the_drafts_of_several_calls_in_the_order_asked() -> None:
     drafter.forget(["e"])
     with pytest.raises(RuntimeError, match="'e'"):
         drafter.take(["e"], [1], rows=[0])
+
+
+def test_drafts_on_the_device_need_a_worker_side_proposer(tmp_path) -> None:  # noqa: ANN001
+    llm = LLM(model=str(make_tiny_model("llama", tmp_path / "m", vocab_size=64)), skip_tokenizer_init=True,
+              block_size=4, num_kv_blocks=16)  # no speculative_config: no drafter
+    new = NewRequestData("a", [1, 2, 3], [], SamplingParams(), frozenset(), block_ids=[1, 2], num_computed_tokens=0)
+    message = SchedulerOutput(req_ids=["a"], num_scheduled_tokens={"a": 5}, new_reqs=[new],
+                              scheduled_spec_decode_tokens={"a": [DRAFT_ON_DEVICE] * 2})
+    with pytest.raises(ValueError, match="scheduled_spec_decode_tokens: DRAFT_ON_DEVICE"):
+        llm.engine.executor.worker.execute_model(message)
