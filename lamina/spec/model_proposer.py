@@ -45,8 +45,9 @@ class DraftRequest:
 @dataclass
 class Drafts:
     """What one `propose` call drafted, on the device: request i's drafts are token_ids[rows[i], :counts[i]]
-    (counts[i] == 0: none; rows[i] is then unused). Nothing is read to the host: the worker gathers the rows it
-    verifies on the device (`flat`), and `tolist()` (tests, tools) reads them all."""
+    (counts[i] == 0: none; rows[i] is then unused). Nothing is read to the host: the worker gathers the drafts it
+    verifies on the device (`flat_indices`: lamina/worker/drafter.py), and `tolist()` (tests, tools) reads them
+    all."""
 
     token_ids: torch.Tensor  # [R, W] int64
     rows: list[int]
