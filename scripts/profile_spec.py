@@ -15,6 +15,7 @@ ngram, eagle, draft_model, eagle-fixed, ngram@3, ...).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import itertools
 import pstats
@@ -63,11 +64,8 @@ def profile(label: str, spec: dict | None, args: argparse.Namespace) -> None:
         before = llm.engine.get_stats().snapshot().spec
         profiler = _profiler(args.profiler)
         start = time.perf_counter()
-        if profiler is not None:
-            profiler.__enter__()
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        if profiler is not None:
-            profiler.__exit__(None, None, None)
+        with profiler or contextlib.nullcontext():
+            outs = llm.generate(prompts, params, use_tqdm=False)
         seconds = time.perf_counter() - start
         kinds: dict[str, list] = {}
         for step in llm.engine.step_log:

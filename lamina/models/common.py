@@ -133,7 +133,6 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, kernels)
         self.aux_layers: tuple[int, ...] = ()  # CausalLM.record_aux_hidden_states
-        self.aux_hidden_states: torch.Tensor | None = None
         self.aux_sink: Callable[[torch.Tensor], None] | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -147,10 +146,8 @@ class DecoderModel(nn.Module):
             if i in self.aux_layers:  # the residual stream entering layer i
                 aux[i] = hidden.clone() if residual is None else hidden + residual  # fused norms write in place
             hidden, residual = layer(positions, hidden, residual)
-        if self.aux_layers and num_layers == len(self.layers):
-            self.aux_hidden_states = torch.cat([aux[i] for i in self.aux_layers], dim=-1)
-            if self.aux_sink is not None:
-                self.aux_sink(self.aux_hidden_states)
+        if self.aux_sink is not None and num_layers == len(self.layers):
+            self.aux_sink(torch.cat([aux[i] for i in self.aux_layers], dim=-1))
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -203,22 +200,16 @@ class CausalLM(nn.Module):
         """Like `forward`, through only the first `num_layers` decoder layers (then the final norm)."""
         return self.model.forward_layers(input_ids, positions, num_layers)
 
-    def record_aux_hidden_states(self, layers: tuple[int, ...],
-                                 sink: Callable[[torch.Tensor], None] | None = None) -> None:
-        """From now on every full forward also leaves, in `aux_hidden_states` [T, len(layers) * hidden_size],
-        the residual stream entering each of these layers (EAGLE-3's features: lamina/spec/eagle.py), and hands
-        it to `sink` within the forward (so inside a captured CUDA graph too); () stops."""
+    def record_aux_hidden_states(self, layers: tuple[int, ...], sink: Callable[[torch.Tensor], None]) -> None:
+        """From now on every full forward hands `sink`, within the forward (so inside a captured CUDA graph too),
+        the residual stream entering each of these layers, [T, len(layers) * hidden_size] (EAGLE-3's features:
+        lamina/spec/eagle.py); () stops."""
         bad = [i for i in layers if not 0 <= i < self.arch.num_hidden_layers]
         if bad:
             raise ValueError(f"aux_hidden_state_layers: {bad} are not layers of this model (0 .. "
                              f"{self.arch.num_hidden_layers - 1})")
-        self.model.aux_layers, self.model.aux_hidden_states = tuple(layers), None
+        self.model.aux_layers = tuple(layers)
         self.model.aux_sink = sink if layers else None
-
-    @property
-    def aux_hidden_states(self) -> torch.Tensor | None:
-        """The last full forward's features of `record_aux_hidden_states` (None when not recording)."""
-        return self.model.aux_hidden_states
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden_size] -> float32 logits [N, vocab_size]."""

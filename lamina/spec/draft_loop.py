@@ -84,7 +84,7 @@ def step_rows(table: np.ndarray, base: np.ndarray, limit: np.ndarray, k: int, bl
     j = np.arange(1, k)[:, None]
     active = limit[None, :] > j
     pos = np.where(active, base[None, :] + j, base[None, :])
-    block = table[np.arange(len(base))[None, :], pos // block_size]
+    block = table[np.arange(len(base))[None, :], pos // block_size].astype(np.int64)
     slot = np.where(active, block * block_size + pos % block_size, -1)
     return np.stack([pos, slot, pos + 1], axis=1)
 
@@ -187,11 +187,10 @@ class DraftLoop:
         self.buffers.fill(batch, bucket)
         rows = np.empty((1 + 3 * (self.k - 1), bucket), dtype=np.int64)
         rows[0, :n], rows[0, n:] = last, len(batch.input_ids) + np.arange(bucket - n)  # padding: its one slot
-        padded = np.zeros((2, bucket), dtype=np.int64)  # base, limit; a padding row: 0, 0 (the null block)
-        padded[0, :n], padded[1, :n] = base, limit
-        table = np.zeros((bucket, len(batch.block_tables[0])), dtype=np.int64)
-        table[:n] = batch.block_tables
-        rows[1:] = step_rows(table, padded[0], padded[1], self.k, self.block_size).reshape(-1, bucket)
+        steps = rows[1:].reshape(self.k - 1, 3, bucket)  # a view
+        steps[:, :, :n] = step_rows(np.asarray(batch.block_tables), np.asarray(base), np.asarray(limit), self.k,
+                                    self.block_size)
+        steps[:, 0, n:], steps[:, 1, n:], steps[:, 2, n:] = 0, -1, 1  # padding rows: position 0, no slot
         self.rows[:, :bucket].copy_(torch.from_numpy(rows), non_blocking=True)
         self.graphs[bucket].replay()
         return self.outputs[bucket][:n].clone()

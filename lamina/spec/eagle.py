@@ -107,7 +107,6 @@ class EagleProposer:
         self.features = torch.empty(0, cfg.hidden_size, dtype=dtype, device=self.device)  # [slots, H], bind_cache
         self._fed: dict[str, int] = {}  # req id -> head positions [0, fed) hold verified tokens
         self.loops: EagleLoops | None = None  # set by compile_and_capture
-        target.record_aux_hidden_states(cfg.aux_hidden_state_layers)  # the sink comes with bind_cache
 
     def kv_bytes_per_block(self, block_size: int) -> int:
         """The head's K/V and the stored features of one block's tokens."""

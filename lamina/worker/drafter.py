@@ -47,10 +47,11 @@ class Drafter:
         offsets: dict[int, int] = {}  # id(drafts) -> where its token ids start in the concatenation
         tables: list[torch.Tensor] = []
         index: list[int] = []
+        size = 0
         for req_id, count in zip(req_ids, counts):
             drafts, i = self._held(req_id, count)
             if id(drafts) not in offsets:  # as a rule all come from one propose call
-                offsets[id(drafts)] = sum(t.numel() for t in tables)
+                offsets[id(drafts)], size = size, size + drafts.token_ids.numel()
                 tables.append(drafts.token_ids.view(-1))
             index += (offsets[id(drafts)] + j for j in drafts.flat_indices(i, count))
         flat = tables[0] if len(tables) == 1 else torch.cat(tables)

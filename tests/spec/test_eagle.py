@@ -66,13 +66,15 @@ def test_aux_hidden_states_are_the_residual_stream_entering_the_layers(target_di
     proposer = EagleProposer(str(make_head_dir(target_dir, tmp_path / "h")), target, torch.float32, "cpu")
     layers = list(proposer.cfg.aux_hidden_state_layers)
     assert layers == [2, 4, 5]
+    recorded: list[torch.Tensor] = []
+    target.record_aux_hidden_states(tuple(layers), sink=recorded.append)
     _prefill(target, tokens)
-    got = target.aux_hidden_states
+    (got,) = recorded
     assert got.shape == (len(tokens), 3 * target.arch.hidden_size)
     torch.testing.assert_close(got, _hf_features(target_dir, tokens, layers), rtol=1e-4, atol=1e-4)
-    target.record_aux_hidden_states(())
+    target.record_aux_hidden_states((), sink=recorded.append)
     _prefill(target, tokens)
-    assert target.aux_hidden_states is None
+    assert len(recorded) == 1  # () stops recording
 
 
 def _prefill(model: CausalLM, tokens: list[int]) -> None:
