@@ -1,7 +1,7 @@
 """Where a step's host time goes, with and without speculation (issue #12).
 
     python scripts/profile_spec.py [--model DIR] [--methods ngram] [--new-tokens 512] [--batch-size 1] [--top 30]
-                                   [--sort tottime|cumtime] [--profiler cprofile|torch|none]
+                                   [--sort tottime|cumtime] [--profiler cprofile|torch|timeline|none]
 
 Batch 1: one long greedy and one T=0.6 generation per engine; a larger batch: the throughput prompts of
 lamina.bench.spec at T=0.6. Each under cProfile; prints each engine's step times by kind (from the engine's step
@@ -9,8 +9,9 @@ log), the host time of its speculator's decisions (SpecDecodeStats.draft_seconds
 functions with the most own (or cumulative) time. Each kind of step shows its mean wall time and, in brackets,
 the part of it the host spent in the step's `result()` (waiting for its tokens, then a worker-side proposer's
 drafting launch). --profiler torch: the device's kernels instead (torch.profiler: device time a step, by kernel);
-none: the step times alone, without a profiler's overhead. --methods: bench labels (lamina.bench.spec.spec_config:
-ngram, eagle, draft_model, eagle-fixed, ngram@3, ...).
+timeline: the device's busy stretches and the idle gaps between them (torch.profiler's timestamps: how much of a
+step the device waits for the host, and where); none: the step times alone, without a profiler's overhead.
+--methods: bench labels (lamina.bench.spec.spec_config: ngram, eagle, draft_model, eagle-fixed, ngram@3, ...).
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def _profiler(kind: str) -> cProfile.Profile | torch.profiler.profile | None:
     """A context manager that profiles the host's Python (cprofile) or the device's kernels (torch)."""
     if kind == "cprofile":
         return cProfile.Profile()
-    if kind == "torch":
+    if kind in ("torch", "timeline"):
         return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                   torch.profiler.ProfilerActivity.CUDA])
     return None
@@ -52,6 +53,33 @@ def print_kernels(profiler: torch.profiler.profile, steps: int, top: int) -> Non
     print(f"   device time a step: {sum(r[0] for r in rows):.3f} ms in {sum(r[1] for r in rows):.0f} kernels")
     for ms, calls, name in rows[:top]:
         print(f"   {ms:8.4f} ms  {calls:5.1f}x  {name[:100]}")
+
+
+GAP_US = 10.0  # an idle stretch of the device longer than this ends a busy stretch
+
+
+def print_timeline(profiler: torch.profiler.profile, steps: int, show: int = 24) -> None:
+    """The device's busy stretches (kernels and copies closer than GAP_US apart) and the gaps between them: the
+    totals a step, then `show` stretches from the middle of the run as (kernels, busy us) + gap us."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in profiler.events()
+                   if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start)
+    if not spans:
+        print("   no device events")
+        return
+    stretches, (start, end), count = [], spans[0], 1
+    for s, e in spans[1:]:
+        if s - end > GAP_US:
+            stretches.append((start, end, count))
+            start, end, count = s, e, 0
+        end, count = max(end, e), count + 1
+    stretches.append((start, end, count))
+    busy = sum(e - s for s, e, _ in stretches)
+    idle = sum(b[0] - a[1] for a, b in zip(stretches, stretches[1:]))
+    print(f"   device a step: busy {busy / steps / 1e3:.3f} ms, idle {idle / steps / 1e3:.3f} ms in gaps > "
+          f"{GAP_US:.0f} us ({(len(stretches) - 1) / steps:.1f} a step)")
+    middle = len(stretches) // 2
+    shown = stretches[middle:middle + show + 1]
+    print("   " + " ".join(f"[{n} {e - s:.0f}] {nxt[0] - e:.0f}" for (s, e, n), nxt in zip(shown, shown[1:])))
 
 
 def profile(label: str, spec: dict | None, args: argparse.Namespace) -> None:
@@ -86,6 +114,8 @@ def profile(label: str, spec: dict | None, args: argparse.Namespace) -> None:
             pstats.Stats(profiler).sort_stats(args.sort).print_stats(*restrictions)
         elif args.profiler == "torch":
             print_kernels(profiler, len(llm.engine.step_log), args.top)
+        elif args.profiler == "timeline":
+            print_timeline(profiler, len(llm.engine.step_log))
     llm.engine.executor.shutdown()
 
 
@@ -97,7 +127,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--methods", default="ngram", help="comma-separated bench labels (default: ngram)")
     parser.add_argument("--sort", choices=("tottime", "cumtime"), default="tottime")
-    parser.add_argument("--profiler", choices=("cprofile", "torch", "none"), default="cprofile")
+    parser.add_argument("--profiler", choices=("cprofile", "torch", "timeline", "none"), default="cprofile")
     args = parser.parse_args()
     if args.batch_size < 1:
         parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
