@@ -41,6 +41,15 @@ def resolve_dtype(name: str, arch: ModelArch, device: torch.device) -> torch.dty
 ALIGN_BYTES = 16  # every packed field starts 16-byte aligned, like a tensor of its own
 
 
+def to_host_async(t: torch.Tensor) -> torch.Tensor:
+    """Queue a copy of a device tensor into pinned host memory and return it (valid once the stream has reached
+    the copy: record an event to wait for); CPU tensors are returned as they are."""
+    if t.device.type == "cpu":
+        return t
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return host.copy_(t, non_blocking=True)
+
+
 def packed_to_device(fields: list[np.ndarray], dtype: type, device: torch.device) -> list[torch.Tensor]:
     """Copy `fields` to the device in one non-blocking copy; returns one view per field.
 

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
+from lamina.device import to_host_async
 from lamina.graphs import (FlatBatch, Graph, StaticBuffers, TorchCUDAGraph, bucket_for, capture, graph_buckets,
                            graph_pool)
 
@@ -96,12 +97,10 @@ class HostCopy:
     def __init__(self, tensor: torch.Tensor) -> None:
         self._done = None
         self._list: list | None = None
-        if tensor.device.type == "cpu":
-            self._host = tensor
-            return
-        self._host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True).copy_(tensor, non_blocking=True)
-        self._done = torch.cuda.Event()
-        self._done.record()
+        self._host = to_host_async(tensor)
+        if tensor.device.type != "cpu":
+            self._done = torch.cuda.Event()
+            self._done.record()
 
     def tolist(self) -> list:
         if self._list is None:

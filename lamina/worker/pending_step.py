@@ -8,18 +8,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lamina.device import to_host_async
 from lamina.layers.accept_drafts import accept_drafts
 from lamina.layers.sampler import LogprobsTensors, to_logprob_dicts
 from lamina.step import ModelRunnerOutput
 from lamina.worker.prompt_logprobs import PromptLogprobsResult
-
-
-def _to_host(t: torch.Tensor) -> torch.Tensor:
-    """Queue a copy of a device tensor into pinned host memory (CPU tensors are returned as they are)."""
-    if t.device.type == "cpu":
-        return t
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    return host.copy_(t, non_blocking=True)
 
 
 @dataclass
@@ -37,8 +30,8 @@ class Verified:
     num_logprobs: list[int | None] = field(default_factory=list)  # per request
 
     def to_host(self) -> Verified:
-        draft_ids = self.draft_ids if isinstance(self.draft_ids, list) else _to_host(self.draft_ids)
-        return dataclasses.replace(self, sampled=_to_host(self.sampled), draft_ids=draft_ids,
+        draft_ids = self.draft_ids if isinstance(self.draft_ids, list) else to_host_async(self.draft_ids)
+        return dataclasses.replace(self, sampled=to_host_async(self.sampled), draft_ids=draft_ids,
                                    logprobs=_logprobs_to_host(self.logprobs))
 
     def read(self, sampled: dict[str, list[int]], logprobs: dict[str, list]) -> None:
@@ -62,7 +55,7 @@ def _logprobs_to_host(logprobs: LogprobsTensors | None) -> LogprobsTensors | Non
     if logprobs is None:
         return None
     fields = dataclasses.fields(logprobs)  # (astuple would deep-copy the tensors)
-    return LogprobsTensors(*(_to_host(getattr(logprobs, f.name)) for f in fields))
+    return LogprobsTensors(*(to_host_async(getattr(logprobs, f.name)) for f in fields))
 
 
 @dataclass
@@ -86,7 +79,7 @@ class PendingStep:
     verified: Verified | None = None
 
     def __post_init__(self) -> None:
-        self._host_sampled = None if self.sampled is None else _to_host(self.sampled)
+        self._host_sampled = None if self.sampled is None else to_host_async(self.sampled)
         self._host_verified = None if self.verified is None else self.verified.to_host()
         self._host_logprobs = _logprobs_to_host(self.logprobs)
         self._rows: dict[str, int] | None = None
