@@ -3,7 +3,10 @@ buffers (their layout: lamina/graphs.py).
 
 A batch of n rows whose longest row has q_max tokens runs in the graph of the smallest captured query length
 q >= q_max (1: plain decode; 1 + k: speculative verification, captured when drafting) and the smallest bucket
-b >= n. Logits and sampling run outside the graph on the batch's rows.
+b >= n. Buckets of at most LOGITS_IN_GRAPH_TOKENS token slots (b x q) compute the logits of every slot inside the
+graph too (the LM head launched from the host costs a decode step of a small model about as much host time as the
+rest of its launch); larger ones, and tensor-parallel models, compute the sampling rows' logits after the replay.
+Sampling runs outside the graph.
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ from lamina.graphs import Graph, StaticBuffers, TorchCUDAGraph, bucket_for, capt
 from lamina.worker.input_batch import DevicePatch, HostBatch
 
 logger = logging.getLogger(__name__)
+
+LOGITS_IN_GRAPH_TOKENS = 64  # float32 logits of up to this many token slots stay in the graphs' memory pool
 
 
 def graph_decision(device: torch.device, enforce_eager: bool, backend_name: str, kernels_supported: bool,
@@ -41,6 +46,7 @@ class GraphSet:
     buffers: StaticBuffers
     graphs: dict[int, Graph] = field(default_factory=dict)
     outputs: dict[int, torch.Tensor] = field(default_factory=dict)
+    logits: dict[int, torch.Tensor] = field(default_factory=dict)  # buckets whose graph computes the logits
 
 
 class CudaGraphRunner:
@@ -49,6 +55,7 @@ class CudaGraphRunner:
     def __init__(self, model: torch.nn.Module, max_batch_size: int, max_model_len: int, block_size: int,
                  device: torch.device, graph_cls: type = TorchCUDAGraph, query_lens: tuple[int, ...] = (1,)) -> None:
         self.model = model
+        self.logits_in_graph = getattr(getattr(model, "lm_head", None), "tp_size", 1) == 1  # no collective in it
         self.buckets = graph_buckets(max_batch_size)
         self.max_model_len = max_model_len
         self.max_blocks_per_seq = -(-max_model_len // block_size)
@@ -64,20 +71,27 @@ class CudaGraphRunner:
         pool = graph_pool(self.graph_cls)
         for graph_set in reversed(self.sets.values()):
             for bucket in reversed(self.buckets):
-                graph, output = capture(self._forward_fn(graph_set.buffers, bucket), self.graph_cls, pool,
-                                        self.device)
+                graph, output = capture(self._forward_fn(graph_set, bucket), self.graph_cls, pool, self.device)
                 graph_set.graphs[bucket], graph_set.outputs[bucket] = graph, output
         logger.info("captured %d CUDA graphs (query lengths %s) for batches of up to %d sequences",
                     len(self.buckets) * len(self.sets), list(self.sets), self.buckets[-1])
 
-    def _forward_fn(self, buffers: StaticBuffers, bucket: int) -> Callable[[], torch.Tensor]:
+    def _forward_fn(self, graph_set: GraphSet, bucket: int) -> Callable[[], torch.Tensor]:
+        """The captured function of `bucket`: the hidden states of its token slots, and their logits (kept in
+        graph_set.logits[bucket]: each run rebinds it, so after the capture it names the tensor the graph writes)
+        when the bucket is small enough."""
+        buffers = graph_set.buffers
         metadata = buffers.metadata(bucket, self.max_model_len)
         num_tokens = bucket * buffers.query_len
         ids, pos = buffers.input_ids[:num_tokens], buffers.positions[:num_tokens]
+        with_logits = num_tokens <= LOGITS_IN_GRAPH_TOKENS and self.logits_in_graph
 
         def forward() -> torch.Tensor:
             with set_attention_metadata(metadata):
-                return self.model(ids, pos)
+                hidden = self.model(ids, pos)
+            if with_logits:
+                graph_set.logits[bucket] = self.model.compute_logits(hidden)
+            return hidden
         return forward
 
     def _set_for(self, batch: HostBatch) -> GraphSet | None:
@@ -91,9 +105,10 @@ class CudaGraphRunner:
         return self._set_for(batch) is not None
 
     def run(self, batch: HostBatch, input_ids: torch.Tensor | None = None,
-            drafts: DevicePatch | None = None) -> torch.Tensor:
-        """Hidden states [T, hidden] of the batch's T tokens (a view of the graph's output: use it before the
-        next replay). `input_ids` [T], on the device, replace the batch's; `drafts` replace some of them."""
+            drafts: DevicePatch | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(hidden states [T, hidden] of the batch's T tokens, their logits [T, vocab] or None when the bucket's
+        graph does not compute them): views of the graph's outputs, to use before the next replay. `input_ids` [T],
+        on the device, replace the batch's; `drafts` replace some of them."""
         graph_set = self._set_for(batch)
         bucket = bucket_for(batch.num_seqs, self.buckets)
         graph_set.buffers.fill(batch, bucket)
@@ -103,4 +118,5 @@ class CudaGraphRunner:
         if drafts is not None:
             drafts.apply(graph_set.buffers.input_ids)
         graph_set.graphs[bucket].replay()
-        return graph_set.outputs[bucket][:num_tokens]
+        logits = graph_set.logits.get(bucket)
+        return graph_set.outputs[bucket][:num_tokens], None if logits is None else logits[:num_tokens]

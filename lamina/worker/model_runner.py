@@ -89,10 +89,11 @@ class ModelRunner:
         host = plan_batch(scheduled, self.states, self.block_size)
         ahead_ids = self._ahead_input_ids(host.sampling_req_ids, previous) if scheduled.decode_ahead else None
         drafts = self._held_drafts(host)
-        hidden, self._prompt_logprobs = split_prompt_rows(self.model, self._forward(host, ahead_ids, drafts), host)
+        hidden, logits = self._forward(host, ahead_ids, drafts)
+        hidden, self._prompt_logprobs = split_prompt_rows(self.model, hidden, host)
         if not host.sampling_req_ids:
             return PendingStep([], None)
-        logits = self.model.compute_logits(hidden)
+        logits = self.model.compute_logits(hidden) if logits is None else logits[:len(hidden)]
         if any(host.num_draft_tokens):
             draft_ids = host.draft_token_ids if drafts is None else drafts.values
             self._last = self._draft_after(self._verify(logits, host, draft_ids), scheduled, host, hidden)
@@ -226,13 +227,16 @@ class ModelRunner:
         return self.drafter.take([r for r, _ in spec], [k for _, k in spec], rows)
 
     def _forward(self, host: HostBatch, ahead_ids: torch.Tensor | None, drafts: DevicePatch | None = None
-                 ) -> torch.Tensor:
-        """Hidden states of the rows that sample. Batches of rows of at most q tokens (decode: 1, verify:
-        1 + k) replay a captured graph when there is one; the rest run eagerly. `ahead_ids` overwrite the
-        input ids, `drafts` some of them."""
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(hidden states of the rows in logits_indices, their logits when a captured graph computed them, else
+        None). Batches of rows of at most q tokens (decode: 1, verify: 1 + k) replay a captured graph when there
+        is one; the rest run eagerly. `ahead_ids` overwrite the input ids, `drafts` some of them."""
         if self.graphs is not None and self.graphs.can_run(host):
             # all rows, unless a one-token prompt chunk rides among the decodes (it samples nothing)
-            return _select_rows(self.graphs.run(host, ahead_ids, drafts), host.logits_indices, self.device)
+            hidden, logits = self.graphs.run(host, ahead_ids, drafts)
+            rows = host.logits_indices
+            return (_select_rows(hidden, rows, self.device),
+                    None if logits is None else _select_rows(logits, rows, self.device))
         batch = to_device(host, self.device)
         if ahead_ids is not None:
             batch.input_ids.copy_(ahead_ids)
@@ -240,7 +244,7 @@ class ModelRunner:
             drafts.apply(batch.input_ids)
         with set_attention_metadata(batch.attn_metadata):
             hidden = self.model(batch.input_ids, batch.positions)
-        return hidden[batch.logits_indices]
+        return hidden[batch.logits_indices], None
 
     def _philox_keys(self, params: list[SamplingParams], positions: list[int]) -> list[int] | None:
         """Per-row keys of the sampling kernel (lamina.layers.sampler); None when it is not used: on the

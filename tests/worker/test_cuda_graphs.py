@@ -189,3 +189,22 @@ def test_replayed_verify_steps_equal_eager(model_dir: str, spec: dict) -> None:
     assert any(b.max_query_len > 1 for b in replayed) and any(b.max_query_len == 1 for b in replayed)
     assert llm.engine.get_stats().spec.num_accepted_tokens > 0
     llm.engine.check_integrity()
+
+
+def test_small_buckets_compute_their_logits_inside_the_graph(model_dir: str) -> None:
+    """A bucket of at most LOGITS_IN_GRAPH_TOKENS token slots hands back the logits of its rows from the replay (the
+    LM head captured with the model), equal to the LM head run after it; a larger bucket hands back none."""
+    from lamina.worker import cuda_graphs
+
+    llm = _llm(model_dir)
+    worker = llm.engine.executor.worker
+    graphs = CudaGraphRunner(worker.model, 8, worker.max_model_len, 8, torch.device("cpu"), graph_cls=EagerGraph,
+                             query_lens=(1, 16))
+    graphs.capture_all()
+    batch = _decode_batch([[3, 5], [7], [2, 4, 6]], [10, 5, 20], block_size=8)
+    with torch.inference_mode():  # as the model runner runs it
+        hidden, logits = graphs.run(batch)
+        assert logits is not None and logits.shape == (3, worker.arch.vocab_size)
+        torch.testing.assert_close(logits, worker.model.compute_logits(hidden))
+    assert graphs.sets[16].logits.keys() == {b for b in graphs.buckets if b * 16 <= cuda_graphs.LOGITS_IN_GRAPH_TOKENS}
+    assert 8 * 16 > cuda_graphs.LOGITS_IN_GRAPH_TOKENS and 8 not in graphs.sets[16].logits
