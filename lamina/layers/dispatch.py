@@ -138,3 +138,31 @@ def token_quant_for(x: torch.Tensor) -> ModuleType | None:
     if not (on_kernel_device(x) and x.dtype in FUSED_DTYPES and x.dim() == 2 and x.stride(-1) == 1):
         return None
     return _token_quant_module()
+
+
+@functools.cache
+def _fp8_gemm_module() -> ModuleType | None:
+    try:
+        from lamina.kernels import fp8_gemm
+    except ImportError:  # no triton: torch._scaled_mm or the reference path
+        return None
+    return fp8_gemm
+
+
+@functools.cache
+def device_name(device: torch.device) -> str:
+    """The name the measured kernel tables are keyed by: the GPU's ("NVIDIA H200"), else the device type."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def fp8_gemm_for(x_q: torch.Tensor, w_q: torch.Tensor) -> tuple[ModuleType, object] | None:
+    """(lamina.kernels.fp8_gemm, its config) for fp8 operands x_q [M, K] @ w_q[N, K]^T on CUDA, rows contiguous,
+    when the device's measured table (lamina/kernels/configs/fp8_gemm.json) names a config for M rows of this
+    weight shape; else None (torch._scaled_mm, which the table found faster, or the reference path)."""
+    if not (on_kernel_device(x_q) and x_q.dim() == 2 and x_q.stride(-1) == 1 and w_q.stride(-1) == 1):
+        return None
+    module = _fp8_gemm_module()
+    if module is None:
+        return None
+    config = module.config_for(x_q.shape[0], *w_q.shape, module.device_table(device_name(x_q.device)))
+    return None if config is None else (module, config)

@@ -6,7 +6,8 @@
 int8: the product accumulates exactly in int32 through `torch._int_mm` (CPU and CUDA; on CUDA it needs
 M > 16 and K, N multiples of 8: rows are padded with zeros up to 32, other shapes take the exact reference
 path). fp8: on CUDA with compute capability >= 8.9 (the H200 is 9.0), `torch._scaled_mm` with row-wise scales
-(s_x [M, 1], s_w^T [1, N], bf16 output); elsewhere the reference path. The reference path
+(s_x [M, 1], s_w^T [1, N], bf16 output), or at decode-sized M lamina's own Triton GEMM where the device's
+measured table says it is faster (lamina/kernels/fp8_gemm.py); elsewhere the reference path. The reference path
 (`int8_reference`, `fp8_reference`) computes the same products in float64 / float32, exact for int8: the GPU
 check (scripts/quant_w8a8_gpu_check.py) and the tests compare the fast paths with it.
 
@@ -95,13 +96,23 @@ def scaled_mm_supported(x: torch.Tensor, w_q: torch.Tensor) -> bool:
 
 def fp8_matmul(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
                out_dtype: torch.dtype) -> torch.Tensor:
-    """(x_q @ w_q^T) * x_scale * w_scale^T: torch._scaled_mm where supported (row-wise scales, bf16 out; w_q^T
-    is column-major as cuBLASLt wants), the reference path elsewhere."""
+    """(x_q @ w_q^T) * x_scale * w_scale^T: lamina's Triton kernel where the device's measured table found it
+    faster (decode-sized M: lamina/kernels/fp8_gemm.py), else torch._scaled_mm where supported (row-wise
+    scales, bf16 out; w_q^T is column-major as cuBLASLt wants), the reference path elsewhere."""
+    kernel = dispatch.fp8_gemm_for(x_q, w_q)
+    if kernel is not None:
+        module, config = kernel
+        return module.fp8_gemm(x_q, x_scale, w_q, w_scale, out_dtype, config)
     if not scaled_mm_supported(x_q, w_q):
         return fp8_reference(x_q, x_scale, w_q, w_scale, out_dtype)
-    out = torch._scaled_mm(x_q, w_q.t(), scale_a=x_scale.contiguous(), scale_b=w_scale.float().t().contiguous(),
-                           out_dtype=torch.bfloat16)
-    return out.to(out_dtype)
+    return scaled_mm_rowwise(x_q, x_scale, w_q, w_scale).to(out_dtype)
+
+
+def scaled_mm_rowwise(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor,
+                      w_scale: torch.Tensor) -> torch.Tensor:
+    """torch._scaled_mm with row-wise scales, bf16 out (`scaled_mm_supported` operands)."""
+    return torch._scaled_mm(x_q, w_q.t(), scale_a=x_scale.contiguous(), scale_b=w_scale.float().t().contiguous(),
+                            out_dtype=torch.bfloat16)
 
 
 def flat(x: torch.Tensor) -> torch.Tensor:
