@@ -3,7 +3,8 @@
     python scripts/quant_w8a8_gpu_check.py [--device cuda] [--skip-models] [--result-file FILE]
 
 1. GEMMs: int8 x int8 -> int32 through torch._int_mm (rows padded to 32 when M <= 16) against the exact float64
-   reference, bit for bit; fp8 e4m3 row-wise torch._scaled_mm (bf16 out) against the float32 reference; times
+   reference, bit for bit; fp8 e4m3 (torch._scaled_mm row-wise, bf16 out, or lamina's Triton GEMM where the
+   device's table routes it: the fp8_kernel column) against the float32 reference; times
    against a bf16 F.linear at 4096 x 4096.
 2. Layers (bf16, random weights, inputs with a few outlier columns): W8A8 int8, LLM.int8(), FP8 and static FP8 layers on
    the fast path against the same layers on the reference path.
@@ -31,6 +32,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lamina import DEMO_MODEL, LLM, SamplingParams  # noqa: E402
+from lamina.layers import dispatch  # noqa: E402
 from lamina.layers.linear import ReplicatedLinear  # noqa: E402
 from lamina.quant import fp8, llm_int8, w8a8, w8a8_int8  # noqa: E402
 from lamina.quant.config import WeightQuantArgs  # noqa: E402
@@ -83,6 +85,7 @@ def gemms(device: torch.device) -> list[dict]:
             ref = w8a8.fp8_reference(x_f, x_fs, w_f, w_fs, torch.float32)
             row = {"K": k, "N": n, "M": m, "int8_exact": exact,
                    "fp8_fast_path": w8a8.scaled_mm_supported(x_f, w_f),
+                   "fp8_kernel": (lambda k: k and k[1].name)(dispatch.fp8_gemm_for(x_f, w_f)),  # else _scaled_mm
                    "fp8_rel_err": float((fast - ref).norm() / ref.norm())}
             if (k, n) == (4096, 4096) and m in (1, 16, 256, 2048):
                 row["ms_bf16"] = _time(lambda: F.linear(x, w.to(torch.bfloat16)), device)
