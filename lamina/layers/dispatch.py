@@ -20,6 +20,7 @@ import torch
 from lamina.config import KernelChoice
 
 if TYPE_CHECKING:
+    from lamina.kernels.fp8_gemm import Fp8GemmConfig
     from lamina.layers.norm import RMSNorm
 
 FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -155,7 +156,7 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
-def fp8_gemm_for(x_q: torch.Tensor, w_q: torch.Tensor) -> tuple[ModuleType, object] | None:
+def fp8_gemm_for(x_q: torch.Tensor, w_q: torch.Tensor) -> tuple[ModuleType, Fp8GemmConfig] | None:
     """(lamina.kernels.fp8_gemm, its config) for fp8 operands x_q [M, K] @ w_q[N, K]^T on CUDA, rows contiguous,
     when the device's measured table (lamina/kernels/configs/fp8_gemm.json) names a config for M rows of this
     weight shape; else None (torch._scaled_mm, which the table found faster, or the reference path)."""

@@ -1,5 +1,5 @@
 """The KV-store and attention kernels compile for sm_90 (the H200) ahead of time, on this GPU-less machine, with a
-16-bit and with an fp8 cache: the interpreter runs Python and forgives what the compiler refuses (a global that is
+16-bit and with an fp8 cache, and so does every fp8 GEMM config the H200's table routes to: the interpreter runs Python and forgives what the compiler refuses (a global that is
 not a tl.constexpr passed every interpreter test and failed on the H200)."""
 from __future__ import annotations
 
@@ -49,3 +49,32 @@ def test_kernels_compile_for_sm90(cache: str) -> None:
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["_store_kv_kernel", "ok", "_decode_kernel", "ok", "_prefill_kernel", "ok"]
+
+
+FP8_GEMM_SCRIPT = textwrap.dedent('''
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from lamina.kernels.fp8_gemm import _fp8_gemm_kernel, device_table
+
+    configs = {cfg for buckets in device_table("NVIDIA H200").values() for _, cfg in buckets if cfg is not None}
+    types = {"x_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "sx_ptr": "*fp32", "sw_ptr": "*fp32", "out_ptr": "*bf16"}
+    for cfg in sorted(configs, key=lambda c: c.name):
+        constexprs = dict(SWAP=cfg.swap, EVEN_K=True, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k)
+        signature = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in _fp8_gemm_kernel.arg_names}
+        compiled = triton.compile(ASTSource(fn=_fp8_gemm_kernel, signature=signature, constexprs=constexprs),
+                                  target=GPUTarget("cuda", 90, 32),
+                                  options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+        assert compiled.asm["cubin"] and compiled.metadata.shared <= 232448, cfg.name  # the H200's shared memory
+        print(cfg.name, "ok")
+''')
+
+
+def test_the_shipped_fp8_gemm_configs_compile_for_sm90() -> None:
+    """Every config the H200's fp8 GEMM table routes to compiles for sm_90 and fits its shared memory."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", FP8_GEMM_SCRIPT], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    names = done.stdout.split()[::2]
+    assert len(names) >= 4 and done.stdout.split()[1::2] == ["ok"] * len(names)
