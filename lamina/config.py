@@ -270,7 +270,8 @@ class KernelChoice:
 
     fused_ops: bool = True  # RMSNorm (+ residual add), RoPE, q/k-norm + RoPE, SiLU-and-mul: lamina.kernels.fused_ops
     # decode-sized matmuls: lamina.kernels.gemv instead of cuBLAS (16-bit weights, at most gemv.MAX_M rows); for
-    # quantized weights wna16_gemv and wna16_mma (at most wna16_mma.MAX_M rows) instead of dequantize + cuBLAS
+    # quantized weights wna16_gemv and wna16_mma (at most wna16_mma.MAX_M rows) instead of dequantize + cuBLAS, and
+    # fp8 W8A8's fp8_gemm instead of torch._scaled_mm (where the device's measured table routes to it)
     gemv: bool = True
 
     def __post_init__(self) -> None:

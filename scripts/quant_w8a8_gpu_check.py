@@ -69,6 +69,12 @@ def _time(fn, device: torch.device, reps: int = 20) -> float:
     return (time.perf_counter() - start) / reps * 1e3
 
 
+def _fp8_kernel_name(x_q: torch.Tensor, w_q: torch.Tensor) -> str | None:
+    """The config of lamina's fp8 GEMM that fp8_matmul takes for these operands; None: torch._scaled_mm."""
+    routed = dispatch.fp8_gemm_for(x_q, w_q)
+    return None if routed is None else routed[1].name
+
+
 def gemms(device: torch.device) -> list[dict]:
     rows_out = []
     gen = torch.Generator(device).manual_seed(0)
@@ -85,7 +91,7 @@ def gemms(device: torch.device) -> list[dict]:
             ref = w8a8.fp8_reference(x_f, x_fs, w_f, w_fs, torch.float32)
             row = {"K": k, "N": n, "M": m, "int8_exact": exact,
                    "fp8_fast_path": w8a8.scaled_mm_supported(x_f, w_f),
-                   "fp8_kernel": (lambda k: k and k[1].name)(dispatch.fp8_gemm_for(x_f, w_f)),  # else _scaled_mm
+                   "fp8_kernel": _fp8_kernel_name(x_f, w_f),
                    "fp8_rel_err": float((fast - ref).norm() / ref.norm())}
             if (k, n) == (4096, 4096) and m in (1, 16, 256, 2048):
                 row["ms_bf16"] = _time(lambda: F.linear(x, w.to(torch.bfloat16)), device)

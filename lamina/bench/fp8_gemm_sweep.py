@@ -10,9 +10,11 @@ replays timed by do_bench (median). The peer, torch._scaled_mm as lamina.quant.w
 in the same harness. Per-token activation quantization is outside both (the same kernel either way).
 
 --write-table: for each shape, [M, the fastest config] where it beat the peer by at least MIN_GAIN, else
-[M, null] (the peer), into lamina/kernels/configs/fp8_gemm.json under this device's name (other devices' entries
-kept): the table lamina.kernels.fp8_gemm routes by (an entry covers M from the previous entry's M + 1). Prints
-a table last; writes JSON with every config's time with --result-file.
+[M, null] (the peer), into lamina/kernels/configs/fp8_gemm.json under this device's name (other devices' entries,
+and this device's buckets of other M, kept): the table lamina.kernels.fp8_gemm routes by (an entry covers M
+from the previous entry's M + 1). The times are of calls replayed in CUDA graphs, as decode steps run; an eager
+call adds Triton's launch on the host. Prints a table last; writes JSON with every config's time with
+--result-file.
 """
 from __future__ import annotations
 
@@ -23,9 +25,13 @@ import math
 import os
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from lamina.kernels.fp8_gemm import Fp8GemmConfig
 
 SHAPES = [("qkv", 6144, 4096), ("o_proj", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
 DRY_SHAPES = [("a", 48, 96), ("b", 40, 160)]
@@ -35,7 +41,7 @@ CALLS = 16
 MIN_GAIN = 1.03  # the kernel takes a bucket only when at least this much faster than the peer
 
 
-def candidates(m: int) -> list[Any]:
+def candidates(m: int) -> list[Fp8GemmConfig]:
     """Configs tried at M rows: the batch in one program row (block_m = M rounded up, 16..128), weight tiles of
     32..128 rows, K tiles of 128 / 256, 4 stages; swapped (weight rows on the MMA's M side) at 64 / 128. From 64
     rows on, where the MMAs start to cost as much as the loads, also two warp groups (8 warps) and 3 / 5 stages."""
@@ -64,7 +70,9 @@ def _operands(m: int, n: int, k: int, copies: int, device: str) -> tuple[torch.T
     return x_q, x_scale, weights
 
 
-def sweep(name: str, n: int, k: int, m: int, configs: list[Any], device: str, args: argparse.Namespace) -> dict:
+def sweep(name: str, n: int, k: int, m: int, configs: list[Fp8GemmConfig], device: str,
+          args: argparse.Namespace) -> dict:
+    """The peer and every config at M rows of weight shape [N, K]: checked, timed, the fastest picked."""
     from lamina.bench.gemv_sweep import _time_per_call
     from lamina.kernels.fp8_gemm import fp8_gemm
     from lamina.quant.w8a8 import fp8_reference, scaled_mm_rowwise
@@ -74,33 +82,39 @@ def sweep(name: str, n: int, k: int, m: int, configs: list[Any], device: str, ar
     ref = fp8_reference(x_q, x_scale, *weights[0], torch.bfloat16).float()
     order = [weights[i % copies] for i in range(max(copies, CALLS))]
 
-    def timed(fn: Any) -> float:
+    def timed(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> float:
         return _time_per_call([lambda w=w: fn(*w) for w in order], device, args.warmup_ms, args.rep_ms)
 
     def ok(out: torch.Tensor) -> bool:
         return bool((out.float() - ref).abs().max() <= 2 ** -6 * ref.abs().max() + 1e-6)
 
+    def kernel(cfg: Fp8GemmConfig) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        return lambda w, s: fp8_gemm(x_q, x_scale, w, s, torch.bfloat16, cfg)
+
     peer = None
     if device == "cuda":
         assert ok(scaled_mm_rowwise(x_q, x_scale, *weights[0])), "torch._scaled_mm disagrees with the reference"
         peer = timed(lambda w, s: scaled_mm_rowwise(x_q, x_scale, w, s))
-    rows = []
-    for cfg in configs:
-        row: dict[str, Any] = {"config": cfg.name}
-        try:
-            row["ok"] = ok(fp8_gemm(x_q, x_scale, *weights[0], torch.bfloat16, cfg))
-            row["us"] = timed(lambda w, s, c=cfg: fp8_gemm(x_q, x_scale, w, s, torch.bfloat16, c))
-        except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory: record it, keep sweeping
-            row.update(ok=False, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
-        rows.append(row)
+    first = weights[0]
+    rows = [_config_row(c, lambda c: ok(kernel(c)(*first)), lambda c: timed(kernel(c))) for c in configs]
     good = [(r["us"], c) for r, c in zip(rows, configs) if r.get("ok") and "us" in r]
     best_us, best = min(good, key=lambda t: t[0]) if good else (None, None)
-    del weights
-    if device == "cuda":
-        torch.cuda.empty_cache()
     return {"shape": name, "n": n, "k": k, "m": m, "weight_bytes": n * k, "peer_us": peer, "best_us": best_us,
             "best": best and vars(best), "best_name": best and best.name, "configs": rows,
             "failed": [r["config"] for r in rows if not r.get("ok")]}
+
+
+def _config_row(cfg: Fp8GemmConfig, check: Callable[[Fp8GemmConfig], bool],
+                timed: Callable[[Fp8GemmConfig], float]) -> dict[str, Any]:
+    """One config's row: checked against the reference, then timed; an error (e.g. out of shared memory) is
+    recorded and the sweep goes on."""
+    row: dict[str, Any] = {"config": cfg.name}
+    try:
+        row["ok"] = check(cfg)
+        row["us"] = timed(cfg)
+    except Exception as exc:  # noqa: BLE001 - any compile or launch failure: a row, not the end of the sweep
+        row.update(ok=False, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+    return row
 
 
 def table_entries(results: list[dict]) -> dict[str, list]:
@@ -112,11 +126,20 @@ def table_entries(results: list[dict]) -> dict[str, list]:
     return entries
 
 
+def merge_entries(old: dict[str, list], new: dict[str, list]) -> dict[str, list]:
+    """A device's entries with this run's buckets written over the old ones of the same shape and M (a run over
+    some --rows keeps the other buckets)."""
+    merged = {shape: dict(map(tuple, buckets)) for shape, buckets in old.items()}
+    for shape, buckets in new.items():
+        merged.setdefault(shape, {}).update(map(tuple, buckets))
+    return {shape: [[m, by_rows[m]] for m in sorted(by_rows)] for shape, by_rows in merged.items()}
+
+
 def write_table(entries: dict[str, list], device_name: str) -> str:
     from lamina.kernels.fp8_gemm import TABLE_PATH
 
     tables = json.loads(TABLE_PATH.read_text()) if TABLE_PATH.exists() else {}
-    tables[device_name] = entries
+    tables[device_name] = merge_entries(tables.get(device_name, {}), entries)
     TABLE_PATH.parent.mkdir(parents=True, exist_ok=True)
     TABLE_PATH.write_text(_dumps(tables))
     return str(TABLE_PATH)

@@ -62,10 +62,23 @@ class Fp8GemmConfig:
 Table = dict[str, list[tuple[int, Fp8GemmConfig | None]]]  # "NxK" -> [(max rows, config or None: the peer)]
 
 
-def parse_table(entries: dict[str, list]) -> Table:
-    """A device's entries as read from JSON ([max rows, config dict or null] lists) -> Table."""
-    return {shape: [(int(rows), None if cfg is None else Fp8GemmConfig(**cfg)) for rows, cfg in buckets]
-            for shape, buckets in entries.items()}
+def parse_table(entries: dict[str, list], where: str = "fp8 GEMM table") -> Table:
+    """A device's entries as read from JSON ("NxK": [[max rows, config dict or null], ...], rows ascending) ->
+    Table; ValueError naming `where`, the shape and what is wrong otherwise."""
+    table: Table = {}
+    for shape, buckets in entries.items():
+        try:
+            n, k = (int(v) for v in shape.split("x"))
+            parsed = [(int(rows), None if cfg is None else Fp8GemmConfig(**cfg)) for rows, cfg in buckets]
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{where}: shape {shape!r}: expected \"NxK\": [[max rows, config or null], ...] with "
+                             f"config fields {list(Fp8GemmConfig.__dataclass_fields__)} ({err})") from err
+        rows = [r for r, _ in parsed]
+        if n < 1 or k < 1 or not rows or rows[0] < 1 or rows != sorted(set(rows)):
+            raise ValueError(f"{where}: shape {shape!r}: positive N, K and max rows strictly ascending from 1 up "
+                             f"are needed, got rows {rows}")
+        table[shape] = parsed
+    return table
 
 
 def table_json(table: Table) -> dict[str, list]:
@@ -78,7 +91,11 @@ def device_table(device_name: str, path: Path = TABLE_PATH) -> Table:
     """The measured table of `device_name` (empty when the file or the device has none)."""
     if not path.exists():
         return {}
-    return parse_table(json.loads(path.read_text()).get(device_name, {}))
+    try:
+        tables = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from err
+    return parse_table(tables.get(device_name, {}), f"{path}, device {device_name!r}")
 
 
 def config_for(m: int, n: int, k: int, table: Table) -> Fp8GemmConfig | None:
@@ -91,8 +108,8 @@ def config_for(m: int, n: int, k: int, table: Table) -> Fp8GemmConfig | None:
 
 
 @triton.jit
-def _fp8_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
-                     SWAP: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _fp8_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om, stride_sx,
+                     stride_sw, SWAP: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr):
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -119,35 +136,47 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, out_ptr, M, N, K, stride_xm, 
             acc = tl.dot(x, tl.trans(w), acc, max_num_imprecise_acc=BLOCK_K)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    sx = tl.load(sx_ptr + xm)
-    sw = tl.load(sw_ptr + wn)
+    sx = tl.load(sx_ptr + xm * stride_sx)  # stride 0: one static scale for every token
+    sw = tl.load(sw_ptr + wn * stride_sw)
+    om = rm.to(tl.int64)
     if SWAP:
         out = acc * sw[:, None] * sx[None, :]
-        ptrs = out_ptr + rm[None, :] * stride_om + rn[:, None]
+        ptrs = out_ptr + om[None, :] * stride_om + rn[:, None]
         mask = (rm[None, :] < M) & (rn[:, None] < N)
     else:
         out = acc * sx[:, None] * sw[None, :]
-        ptrs = out_ptr + rm[:, None] * stride_om + rn[None, :]
+        ptrs = out_ptr + om[:, None] * stride_om + rn[None, :]
         mask = (rm[:, None] < M) & (rn[None, :] < N)
     tl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def fp8_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
              out_dtype: torch.dtype, config: Fp8GemmConfig) -> torch.Tensor:
-    """(x_q @ w_q^T) * x_scale * w_scale^T as out_dtype [M, N] (the module docstring's operands)."""
-    (m, k), (n, kw) = x_q.shape, w_q.shape
-    assert k == kw and x_q.dtype == w_q.dtype == torch.float8_e4m3fn, \
-        f"fp8_gemm: x_q [M, K] and w_q [N, K] float8_e4m3fn, got {x_q.dtype} {tuple(x_q.shape)}, " \
-        f"{w_q.dtype} {tuple(w_q.shape)}"
-    assert x_q.stride(1) == 1 and w_q.stride(1) == 1, "fp8_gemm: rows of x_q and w_q must be contiguous"
+    """(x_q @ w_q^T) * x_scale * w_scale^T as out_dtype [M, N] (the module docstring's operands; x_scale may be
+    one static scale expanded over the rows). ValueError naming the operand when one does not fit."""
+    _check(x_q, w_q, x_scale, w_scale)
+    (m, k), n = x_q.shape, w_q.shape[0]
     out = torch.empty((m, n), dtype=out_dtype, device=x_q.device)
     if m == 0 or n == 0:
         return out
-    sx = x_scale.float().reshape(m).contiguous()
-    sw = w_scale.float().reshape(n).contiguous()
+    sx, sw = x_scale.float(), w_scale.float()
     c = config
     grid = (triton.cdiv(n, c.block_n), triton.cdiv(m, c.block_m))
     _fp8_gemm_kernel[grid](x_q, w_q, sx, sw, out, m, n, k, x_q.stride(0), w_q.stride(0), out.stride(0),
-                           SWAP=c.swap, EVEN_K=k % c.block_k == 0, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
-                           BLOCK_K=c.block_k, num_warps=c.num_warps, num_stages=c.num_stages)
+                           sx.stride(0), sw.stride(0), SWAP=c.swap, EVEN_K=k % c.block_k == 0, BLOCK_M=c.block_m,
+                           BLOCK_N=c.block_n, BLOCK_K=c.block_k, num_warps=c.num_warps, num_stages=c.num_stages)
     return out
+
+
+def _check(x_q: torch.Tensor, w_q: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor) -> None:
+    fp8 = torch.float8_e4m3fn
+    for name, t in (("x_q", x_q), ("w_q", w_q)):
+        if t.dtype != fp8 or t.dim() != 2 or t.stride(1) != 1:
+            raise ValueError(f"fp8_gemm: {name} must be a 2-D float8_e4m3fn tensor with contiguous rows, got "
+                             f"{t.dtype} {tuple(t.shape)} strides {t.stride()}")
+    if x_q.shape[1] != w_q.shape[1]:
+        raise ValueError(f"fp8_gemm: x_q [M, K] and w_q [N, K] must share K, got {tuple(x_q.shape)} and "
+                         f"{tuple(w_q.shape)}")
+    for name, t, rows in (("x_scale", x_scale, x_q.shape[0]), ("w_scale", w_scale, w_q.shape[0])):
+        if tuple(t.shape) != (rows, 1):
+            raise ValueError(f"fp8_gemm: {name} must be [{rows}, 1] (one scale a row), got {tuple(t.shape)}")

@@ -156,11 +156,14 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
-def fp8_gemm_for(x_q: torch.Tensor, w_q: torch.Tensor) -> tuple[ModuleType, Fp8GemmConfig] | None:
+def fp8_gemm_for(x_q: torch.Tensor, w_q: torch.Tensor,
+                 kernels: KernelChoice = DEFAULT_KERNELS) -> tuple[ModuleType, Fp8GemmConfig] | None:
     """(lamina.kernels.fp8_gemm, its config) for fp8 operands x_q [M, K] @ w_q[N, K]^T on CUDA, rows contiguous,
-    when the device's measured table (lamina/kernels/configs/fp8_gemm.json) names a config for M rows of this
-    weight shape; else None (torch._scaled_mm, which the table found faster, or the reference path)."""
-    if not (on_kernel_device(x_q) and x_q.dim() == 2 and x_q.stride(-1) == 1 and w_q.stride(-1) == 1):
+    when `kernels.gemv` allows decode-sized kernels and the device's measured table
+    (lamina/kernels/configs/fp8_gemm.json) names a config for M rows of this weight shape; else None
+    (torch._scaled_mm, which the table found faster, or the reference path)."""
+    if not (kernels.gemv and on_kernel_device(x_q) and x_q.dim() == 2 and x_q.stride(-1) == 1
+            and w_q.stride(-1) == 1):
         return None
     module = _fp8_gemm_module()
     if module is None:

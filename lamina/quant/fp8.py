@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lamina.layers import dispatch
 from lamina.layers.linear import set_weight_attrs
 from lamina.quant.config import ActivationQuantArgs, WeightQuantArgs
 from lamina.quant.recipe import Recipe
@@ -59,7 +60,8 @@ class Fp8LinearMethod(W8A8LinearMethod):
             x_q, x_scale = static_fp8(x, layer.static_input_scale)
         else:
             x_q, x_scale = per_token_fp8(x)
-        return fp8_matmul(x_q, x_scale, layer.weight, layer.weight_scale, x.dtype)
+        return fp8_matmul(x_q, x_scale, layer.weight, layer.weight_scale, x.dtype,
+                          getattr(layer, "kernels", dispatch.DEFAULT_KERNELS))
 
 
 def static_fp8(x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lamina.config import KernelChoice
 from lamina.layers import dispatch
 from lamina.layers.linear import QuantMethod, set_weight_attrs
 from lamina.quant.config import WeightQuantArgs
@@ -95,11 +96,12 @@ def scaled_mm_supported(x: torch.Tensor, w_q: torch.Tensor) -> bool:
 
 
 def fp8_matmul(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
-               out_dtype: torch.dtype) -> torch.Tensor:
+               out_dtype: torch.dtype, kernels: KernelChoice = dispatch.DEFAULT_KERNELS) -> torch.Tensor:
     """(x_q @ w_q^T) * x_scale * w_scale^T: lamina's Triton kernel where the device's measured table found it
-    faster (decode-sized M: lamina/kernels/fp8_gemm.py), else torch._scaled_mm where supported (row-wise
-    scales, bf16 out; w_q^T is column-major as cuBLASLt wants), the reference path elsewhere."""
-    kernel = dispatch.fp8_gemm_for(x_q, w_q)
+    faster (decode-sized M: lamina/kernels/fp8_gemm.py; `kernels.gemv` off keeps it out), else torch._scaled_mm
+    where supported (row-wise scales, bf16 out; w_q^T is column-major as cuBLASLt wants), the reference path
+    elsewhere."""
+    kernel = dispatch.fp8_gemm_for(x_q, w_q, kernels)
     if kernel is not None:
         module, config = kernel
         return module.fp8_gemm(x_q, x_scale, w_q, w_scale, out_dtype, config)

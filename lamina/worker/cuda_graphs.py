@@ -4,9 +4,10 @@ buffers (their layout: lamina/graphs.py).
 A batch of n rows whose longest row has q_max tokens runs in the graph of the smallest captured query length
 q >= q_max (1: plain decode; 1 + k: speculative verification, captured when drafting) and the smallest bucket
 b >= n. Buckets of at most LOGITS_IN_GRAPH_TOKENS token slots (b x q) compute the logits of every slot inside the
-graph too (the LM head launched from the host costs a decode step of a small model about as much host time as the
-rest of its launch); larger ones, and tensor-parallel models, compute the sampling rows' logits after the replay.
-Sampling runs outside the graph.
+graph too, into one buffer that every such graph shares (a step reads its logits before the next replay; the LM
+head launched from the host cost a decode step of a small model about as much host time as the rest of its
+launch); larger ones, and tensor-parallel models, compute the sampling rows' logits after the replay. Sampling
+runs outside the graph.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from lamina.worker.input_batch import DevicePatch, HostBatch
 
 logger = logging.getLogger(__name__)
 
-LOGITS_IN_GRAPH_TOKENS = 64  # float32 logits of up to this many token slots stay in the graphs' memory pool
+LOGITS_IN_GRAPH_TOKENS = 64  # token slots whose logits a graph computes: the shared buffer's rows (vocab floats each)
 
 
 def graph_decision(device: torch.device, enforce_eager: bool, backend_name: str, kernels_supported: bool,
@@ -46,7 +47,6 @@ class GraphSet:
     buffers: StaticBuffers
     graphs: dict[int, Graph] = field(default_factory=dict)
     outputs: dict[int, torch.Tensor] = field(default_factory=dict)
-    logits: dict[int, torch.Tensor] = field(default_factory=dict)  # buckets whose graph computes the logits
 
 
 class CudaGraphRunner:
@@ -56,6 +56,7 @@ class CudaGraphRunner:
                  device: torch.device, graph_cls: type = TorchCUDAGraph, query_lens: tuple[int, ...] = (1,)) -> None:
         self.model = model
         self.logits_in_graph = getattr(getattr(model, "lm_head", None), "tp_size", 1) == 1  # no collective in it
+        self.logits: torch.Tensor | None = None  # [LOGITS_IN_GRAPH_TOKENS, vocab], shared by the small buckets
         self.buckets = graph_buckets(max_batch_size)
         self.max_model_len = max_model_len
         self.max_blocks_per_seq = -(-max_model_len // block_size)
@@ -76,23 +77,35 @@ class CudaGraphRunner:
         logger.info("captured %d CUDA graphs (query lengths %s) for batches of up to %d sequences",
                     len(self.buckets) * len(self.sets), list(self.sets), self.buckets[-1])
 
+    def with_logits(self, num_slots: int) -> bool:
+        """Whether the graph of a bucket of `num_slots` token slots computes their logits (into self.logits)."""
+        return self.logits_in_graph and num_slots <= LOGITS_IN_GRAPH_TOKENS
+
     def _forward_fn(self, graph_set: GraphSet, bucket: int) -> Callable[[], torch.Tensor]:
-        """The captured function of `bucket`: the hidden states of its token slots, and their logits (kept in
-        graph_set.logits[bucket]: each run rebinds it, so after the capture it names the tensor the graph writes)
-        when the bucket is small enough."""
+        """The captured function of `bucket`: the hidden states of its token slots; their logits copied into the
+        first rows of self.logits when the bucket is small enough."""
         buffers = graph_set.buffers
         metadata = buffers.metadata(bucket, self.max_model_len)
         num_tokens = bucket * buffers.query_len
         ids, pos = buffers.input_ids[:num_tokens], buffers.positions[:num_tokens]
-        with_logits = num_tokens <= LOGITS_IN_GRAPH_TOKENS and self.logits_in_graph
+        with_logits = self.with_logits(num_tokens)
 
         def forward() -> torch.Tensor:
             with set_attention_metadata(metadata):
                 hidden = self.model(ids, pos)
             if with_logits:
-                graph_set.logits[bucket] = self.model.compute_logits(hidden)
+                logits = self.model.compute_logits(hidden)
+                self._logits_buffer(logits)[:num_tokens].copy_(logits)
             return hidden
         return forward
+
+    def _logits_buffer(self, logits: torch.Tensor) -> torch.Tensor:
+        """self.logits, allocated by the first run of a small bucket's function (its eager run before the capture,
+        lamina.graphs.capture: outside any graph's memory pool)."""
+        if self.logits is None:
+            self.logits = torch.empty((LOGITS_IN_GRAPH_TOKENS, logits.shape[-1]), dtype=logits.dtype,
+                                      device=logits.device)
+        return self.logits
 
     def _set_for(self, batch: HostBatch) -> GraphSet | None:
         """The captured set of the shortest query length that holds the batch's longest row."""
@@ -118,5 +131,5 @@ class CudaGraphRunner:
         if drafts is not None:
             drafts.apply(graph_set.buffers.input_ids)
         graph_set.graphs[bucket].replay()
-        logits = graph_set.logits.get(bucket)
-        return graph_set.outputs[bucket][:num_tokens], None if logits is None else logits[:num_tokens]
+        logits = self.logits[:num_tokens] if self.with_logits(bucket * graph_set.buffers.query_len) else None
+        return graph_set.outputs[bucket][:num_tokens], logits

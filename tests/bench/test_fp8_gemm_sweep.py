@@ -38,3 +38,10 @@ def test_the_table_takes_the_kernel_only_where_it_won() -> None:
     assert entries == {"64x32": [[1, vars(cfg)], [16, None], [32, None]]}
     text = fp8_gemm_sweep._dumps({"dev": entries})
     assert json.loads(text) == {"dev": entries} and fp8_gemm.parse_table(entries)["64x32"][0] == (1, cfg)
+
+
+def test_a_run_over_some_rows_keeps_the_other_buckets() -> None:
+    old = {"64x32": [[1, {"a": 1}], [16, {"b": 2}], [64, None]], "8x8": [[1, None]]}
+    new = {"64x32": [[16, None], [32, {"c": 3}]]}
+    assert fp8_gemm_sweep.merge_entries(old, new) == {"64x32": [[1, {"a": 1}], [16, None], [32, {"c": 3}], [64, None]],
+                                                      "8x8": [[1, None]]}

@@ -1,6 +1,7 @@
 """lamina.kernels.fp8_gemm against lamina.quant.w8a8's fp8 reference (float32 products of the same e4m3 values,
-scaled), under the interpreter: both orientations (swap), M, N and K off the tiles; the measured table's lookup;
-and fp8_matmul's routing to the kernel where a table names a config (dispatch patched to the kernel device)."""
+scaled), under the interpreter: both orientations (swap), M, N and K off the tiles, a static scale; operands and
+table files that do not fit, named; the measured table's lookup; and fp8_matmul's routing to the kernel where a
+table names a config and KernelChoice allows it (dispatch patched to the kernel device)."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from lamina.config import KernelChoice  # noqa: E402
 from lamina.kernels import fp8_gemm  # noqa: E402
 from lamina.kernels.fp8_gemm import Fp8GemmConfig  # noqa: E402
 from lamina.layers import dispatch  # noqa: E402
@@ -85,4 +87,44 @@ def test_fp8_matmul_routes_to_the_kernel_where_the_table_says(monkeypatch: pytes
     assert calls == [CONFIGS[2]] and (out.float() - ref.float()).abs().max() <= 2 ** -7 * ref.float().abs().max()
     x5, s5, _, _ = _operands(5, 48, 96)
     w8a8.fp8_matmul(x5, s5, w_q, w_scale, torch.bfloat16)  # 5 rows: past the table, the reference path here
+    w8a8.fp8_matmul(x_q, x_scale, w_q, w_scale, torch.bfloat16, KernelChoice(gemv=False))  # decode kernels off
     assert calls == [CONFIGS[2]]
+
+
+def test_one_static_scale_expanded_over_the_rows() -> None:
+    x_q, _, w_q, w_scale = _operands(5, 40, 64)
+    static = torch.tensor([[0.05]]).expand(5, 1)  # as lamina.quant.fp8.static_fp8 passes it: stride 0
+    out = fp8_gemm.fp8_gemm(x_q, static, w_q, w_scale, torch.float32, CONFIGS[2])
+    ref = w8a8.fp8_reference(x_q, static, w_q, w_scale, torch.float32)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+
+
+def test_operands_that_do_not_fit_name_themselves() -> None:
+    x_q, x_scale, w_q, w_scale = _operands(3, 24, 32)
+    cfg = CONFIGS[0]
+    with pytest.raises(ValueError, match="x_q must be a 2-D float8_e4m3fn"):
+        fp8_gemm.fp8_gemm(x_q.float(), x_scale, w_q, w_scale, torch.bfloat16, cfg)
+    with pytest.raises(ValueError, match="must share K"):
+        fp8_gemm.fp8_gemm(x_q[:, :16], x_scale, w_q, w_scale, torch.bfloat16, cfg)
+    with pytest.raises(ValueError, match=r"w_scale must be \[24, 1\]"):
+        fp8_gemm.fp8_gemm(x_q, x_scale, w_q, w_scale[:5], torch.bfloat16, cfg)
+
+
+@pytest.mark.parametrize("entries, match", [
+    ({"64x32": [[16, None], [8, None]]}, "strictly ascending"),
+    ({"64x32": [[0, None]]}, "strictly ascending from 1"),
+    ({"64by32": [[1, None]]}, "expected \"NxK\""),
+    ({"64x32": [[1, {"block_m": 16, "block_n": 64, "tile": 3}]]}, "config fields"),
+    ({"64x32": [[1, {"block_m": 8, "block_n": 64}]]}, "block_m: a power of two"),
+])
+def test_a_bad_table_names_where_and_what(entries: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match) as err:
+        fp8_gemm.parse_table(entries, "configs/fp8_gemm.json, device 'X'")
+    assert "configs/fp8_gemm.json, device 'X'" in str(err.value) and "64" in str(err.value)
+
+
+def test_a_table_file_that_is_not_json_names_its_path(tmp_path) -> None:  # noqa: ANN001 - pytest fixture
+    path = tmp_path / "fp8_gemm.json"
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="fp8_gemm.json: not valid JSON"):
+        fp8_gemm.device_table("NVIDIA H200", path)

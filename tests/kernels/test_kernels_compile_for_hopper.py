@@ -1,6 +1,7 @@
 """The KV-store and attention kernels compile for sm_90 (the H200) ahead of time, on this GPU-less machine, with a
-16-bit and with an fp8 cache, and so does every fp8 GEMM config the H200's table routes to: the interpreter runs Python and forgives what the compiler refuses (a global that is
-not a tl.constexpr passed every interpreter test and failed on the H200)."""
+16-bit and with an fp8 cache, and so does every fp8 GEMM config the H200's table routes to: the interpreter runs
+Python and forgives what the compiler refuses (a global that is not a tl.constexpr passed every interpreter test
+and failed on the H200)."""
 from __future__ import annotations
 
 import os

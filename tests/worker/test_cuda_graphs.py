@@ -205,6 +205,13 @@ def test_small_buckets_compute_their_logits_inside_the_graph(model_dir: str) -> 
     with torch.inference_mode():  # as the model runner runs it
         hidden, logits = graphs.run(batch)
         assert logits is not None and logits.shape == (3, worker.arch.vocab_size)
+        assert logits.data_ptr() == graphs.logits.data_ptr()  # the one buffer every small graph writes
         torch.testing.assert_close(logits, worker.model.compute_logits(hidden))
-    assert graphs.sets[16].logits.keys() == {b for b in graphs.buckets if b * 16 <= cuda_graphs.LOGITS_IN_GRAPH_TOKENS}
-    assert 8 * 16 > cuda_graphs.LOGITS_IN_GRAPH_TOKENS and 8 not in graphs.sets[16].logits
+        one, one_logits = graphs.run(_decode_batch([[9]], [4], block_size=8))  # another graph, the same buffer
+        torch.testing.assert_close(one_logits, worker.model.compute_logits(one))
+        # five rows of two tokens: bucket 8 of q = 16, 128 slots, more than the graphs compute logits for
+        five = HostBatch(input_ids=list(range(1, 11)), positions=[4, 5] * 5, slot_mapping=[4, 5] * 5,
+                         query_start_loc=list(range(0, 11, 2)), seq_lens=[6] * 5, block_tables=[[1]] * 5,
+                         logits_indices=list(range(1, 10, 2)), sampling_req_ids=[])
+        assert 8 * 16 > cuda_graphs.LOGITS_IN_GRAPH_TOKENS and graphs.run(five)[1] is None
+    assert graphs.logits.shape == (cuda_graphs.LOGITS_IN_GRAPH_TOKENS, worker.arch.vocab_size)
