@@ -22,7 +22,6 @@ import argparse
 import datetime
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -180,11 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     if rows[0] < 1:
         parser.error(f"--rows: positive integers, got {args.rows}")
     if args.dry_run:
-        os.environ["TRITON_INTERPRET"] = "1"
-        try:
-            import tests.kernels.conftest  # noqa: F401 - interpreter fixes, when run from the repository root
-        except ImportError:
-            pass
+        from lamina.bench.gemv_sweep import use_interpreter
+
+        use_interpreter()
     elif not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
         parser.error("needs a GPU with fp8 (compute capability >= 8.9): use --dry-run elsewhere")
     device = "cpu" if args.dry_run else "cuda"

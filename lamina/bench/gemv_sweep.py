@@ -41,6 +41,15 @@ ROTATE_BYTES = 256 << 20  # weight copies per shape: at least this much, at leas
 CALLS = 16  # calls per graph at least (cycling the copies): the replay's own cost spread thin
 
 
+def use_interpreter() -> None:
+    """Run the Triton kernels on CPU tensors (a dry run): TRITON_INTERPRET=1 and, from the repository root, the
+    tests' interpreter fixes; call before anything imports triton."""
+    try:
+        import tests.kernels.conftest  # noqa: F401 - TRITON_INTERPRET=1 (+ interpreter fixes) first
+    except ImportError:  # not run from the repository root: the env var alone (older numpy is fine)
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
 def _time_per_call(calls: list[Callable[[], Any]], device: str, warmup_ms: int, rep_ms: int) -> float:
     """Microseconds per call: CUDA graph of all calls, replays timed by do_bench. On CPU (dry run)
     one eager pass by the wall clock, meaningless but it exercises the code."""
@@ -137,10 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="CPU, TRITON_INTERPRET=1, tiny shapes, 2 configs")
     args = parser.parse_args(argv)
     if args.dry_run:
-        try:
-            import tests.kernels.conftest  # noqa: F401 - TRITON_INTERPRET=1 (+ interpreter fixes) first
-        except ImportError:  # not run from the repository root: the env var alone (older numpy is fine)
-            os.environ["TRITON_INTERPRET"] = "1"
+        use_interpreter()
         sets = DRY_SHAPES
     else:
         unknown = [s for s in args.shapes.split(",") if s not in SHAPES]

@@ -254,10 +254,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.tiny:
-        try:
-            import tests.kernels.conftest  # noqa: F401 - TRITON_INTERPRET=1 (+ interpreter fixes) before triton
-        except ImportError:
-            os.environ["TRITON_INTERPRET"] = "1"
+        from lamina.bench.gemv_sweep import use_interpreter
+
+        use_interpreter()
     start = time.perf_counter()
     report: dict[str, Any] = dict(workload="quant-speed", tiny=args.tiny, command=" ".join(sys.argv),
                                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
