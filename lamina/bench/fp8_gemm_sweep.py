@@ -57,16 +57,14 @@ def candidates(m: int) -> list[Fp8GemmConfig]:
 
 
 def _operands(m: int, n: int, k: int, copies: int, device: str) -> tuple[torch.Tensor, torch.Tensor, list]:
-    from lamina.quant.w8a8 import FP8_DTYPE, per_token_fp8_reference
+    from lamina.quant.fp8 import fp8_quantize, weight_args
+    from lamina.quant.w8a8 import per_token_fp8_reference
 
     g = torch.Generator(device=device).manual_seed(0)
     x_q, x_scale = per_token_fp8_reference(torch.randn(m, k, device=device, generator=g))
-    weights = []
-    for _ in range(copies):
-        w = torch.randn(n, k, device=device, generator=g)
-        scale = w.abs().amax(dim=1, keepdim=True) / 448.0
-        weights.append(((w / scale).to(FP8_DTYPE), scale))
-    return x_q, x_scale, weights
+    quantized = (fp8_quantize(torch.randn(n, k, device=device, generator=g), weight_args(0), torch.float32)
+                 for _ in range(copies))
+    return x_q, x_scale, [(q.q, q.scale) for q in quantized]
 
 
 def sweep(name: str, n: int, k: int, m: int, configs: list[Fp8GemmConfig], device: str,

@@ -15,7 +15,7 @@ from lamina.config import KernelChoice  # noqa: E402
 from lamina.kernels import fp8_gemm  # noqa: E402
 from lamina.kernels.fp8_gemm import Fp8GemmConfig  # noqa: E402
 from lamina.layers import dispatch  # noqa: E402
-from lamina.quant import w8a8  # noqa: E402
+from lamina.quant import fp8, w8a8  # noqa: E402
 
 CONFIGS = [Fp8GemmConfig(16, 16, 32), Fp8GemmConfig(32, 16, 64, num_stages=2),
            Fp8GemmConfig(16, 32, 32, swap=True), Fp8GemmConfig(16, 16, 128, swap=True)]
@@ -25,9 +25,9 @@ SHAPES = [(1, 48, 96), (5, 40, 64), (33, 24, 160), (16, 16, 32)]  # (M, N, K)
 def _operands(m: int, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(seed)
     x_q, x_scale = w8a8.per_token_fp8_reference(torch.randn(m, k, generator=g) * 3)
-    w = torch.randn(n, k, generator=g) * torch.rand(n, 1, generator=g)
-    w_scale = w.abs().amax(dim=1, keepdim=True) / w8a8.FP8_MAX
-    return x_q, x_scale, (w / w_scale).to(w8a8.FP8_DTYPE), w_scale
+    w = fp8.fp8_quantize(torch.randn(n, k, generator=g) * torch.rand(n, 1, generator=g), fp8.weight_args(0),
+                         torch.float32)
+    return x_q, x_scale, w.q, w.scale
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.name)
