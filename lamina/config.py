@@ -262,7 +262,8 @@ class ModelArch:
 
 @dataclass(frozen=True)
 class KernelChoice:
-    """Which optional Triton kernels a model may run, fixed when the model is built (both on by default).
+    """Which optional Triton kernels a model may run and how they launch, fixed when the model is built (all on by
+    default).
 
     A kernel allowed here still runs only where lamina.layers.dispatch finds it applicable (CUDA tensors
     of a dtype it takes, triton importable); off, the layer always runs its PyTorch / cuBLAS path.
@@ -273,9 +274,12 @@ class KernelChoice:
     # quantized weights wna16_gemv and wna16_mma (at most wna16_mma.MAX_M rows) instead of dequantize + cuBLAS, and
     # fp8 W8A8's fp8_gemm instead of torch._scaled_mm (where the device's measured table routes to it)
     gemv: bool = True
+    # programmatic dependent launch (sm_90+): each kernel above starts while the one before it finishes
+    # (lamina.kernels.pdl); off, they launch one after another as any kernel does
+    pdl: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("fused_ops", "gemv"):
+        for name in ("fused_ops", "gemv", "pdl"):
             _require(isinstance(getattr(self, name), bool), name, f"must be a bool, got {getattr(self, name)!r}")
 
 

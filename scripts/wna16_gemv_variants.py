@@ -326,7 +326,7 @@ def sass_report(args: argparse.Namespace) -> int:
     from lamina.kernels.wna16_gemv import _wna16_gemv_kernel
     from lamina.kernels.wna16_row import _wna16_row_kernel as _rowpair_kernel
 
-    rp4 = dict(BITS=4, XOR=0, GROUP_KW=16, HAS_ZERO=True, HAS_BIAS=False, EVEN_K=True, BLOCK_KW=128)
+    rp4 = dict(BITS=4, XOR=0, GROUP_KW=16, HAS_ZERO=True, HAS_BIAS=False, EVEN_K=True, BLOCK_KW=128, PDL=False)
     rp8 = dict(rp4, BITS=8, GROUP_KW=1 << 30, HAS_ZERO=False)
     cases = [  # (label, kernel, constexprs, warps, stages, words per thread per main-loop iteration)
         ("current n4-kw512-w4", _wna16_gemv_kernel, dict(M=1, BITS=4, XOR=0, HAS_ZERO=True, HAS_BIAS=False,

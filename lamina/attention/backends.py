@@ -77,15 +77,16 @@ def _load_lazy(name: str, **kwargs: object) -> AttentionBackend:
     return getattr(module, class_name)(**kwargs)
 
 
-def get_attention_backend(name: str = "auto") -> AttentionBackend:
+def get_attention_backend(name: str = "auto", pdl: bool = True) -> AttentionBackend:
     """The backend called `name`; "auto" is "triton" on a machine with CUDA and triton, else "torch".
 
     The "triton" picked by "auto" sends CPU tensors to the torch reference (a CPU model on a GPU
-    machine); asked for by name, it refuses them unless the Triton interpreter is on."""
+    machine); asked for by name, it refuses them unless the Triton interpreter is on. pdl: the triton
+    backend's kernels may launch with programmatic dependent launch (KernelChoice.pdl)."""
     if name == "auto":
-        return _load_lazy("triton", cpu_fallback=True) if _triton_usable() else TorchAttentionBackend()
+        return _load_lazy("triton", cpu_fallback=True, pdl=pdl) if _triton_usable() else TorchAttentionBackend()
     if name in _LAZY_BACKENDS:
-        return _load_lazy(name)
+        return _load_lazy(name, pdl=pdl)
     if name not in _BACKENDS:
         raise ValueError(f"attention_backend must be one of {available_attention_backends()}, "
                          f"got {name!r}")

@@ -17,6 +17,7 @@ import torch
 
 from lamina.attention import torch_ref
 from lamina.attention.metadata import AttentionMetadata
+from lamina.kernels import pdl
 from lamina.kernels.decode_attention import choose_num_splits, decode_attention
 from lamina.kernels.prefill_attention import prefill_attention
 from lamina.kernels.store_kv import kernels_interpreted, store_kv
@@ -53,9 +54,10 @@ class TritonAttentionBackend:
 
     name = "triton"
 
-    def __init__(self, cpu_fallback: bool = False, num_splits: int | None = None) -> None:
+    def __init__(self, cpu_fallback: bool = False, num_splits: int | None = None, pdl: bool = True) -> None:
         self.cpu_fallback = cpu_fallback
         self.num_splits = num_splits  # fixed decode split count (CUDA graphs); None: from the context
+        self.pdl = pdl  # the KV store and decode kernels launch with PDL where the GPU has it (lamina.kernels.pdl)
         self._logged: set[tuple[int, torch.dtype]] = set()
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
@@ -63,7 +65,8 @@ class TritonAttentionBackend:
                 kv_scales: torch_ref.KVScales | None = None) -> torch.Tensor:
         if not self._use_kernels(q, k_cache):
             return torch_ref.forward(q, k, v, k_cache, v_cache, metadata, scale, kv_scales)
-        store_kv(k, v, k_cache, v_cache, metadata.slot_mapping, kv_scales)
+        use_pdl = self.pdl and pdl.supported(q)
+        store_kv(k, v, k_cache, v_cache, metadata.slot_mapping, kv_scales, pdl=use_pdl)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         args = (metadata.block_tables, metadata.seq_lens, metadata.query_start_loc)
         if metadata.max_query_len > DECODE_MAX_Q:
@@ -73,7 +76,8 @@ class TritonAttentionBackend:
         if decode_max_q:
             splits = self.num_splits or choose_num_splits(metadata.max_seq_len, metadata.num_seqs,
                                                           k_cache.shape[2])
-            decode_attention(q, k_cache, v_cache, out, *args, decode_max_q, scale, splits, kv_scales=kv_scales)
+            decode_attention(q, k_cache, v_cache, out, *args, decode_max_q, scale, splits, kv_scales=kv_scales,
+                             pdl=use_pdl)
         return out
 
     def _use_kernels(self, q: torch.Tensor, k_cache: torch.Tensor) -> bool:

@@ -12,7 +12,9 @@ and reproduces the PyTorch layers' rounding steps (lamina/layers/{norm,rotary,ac
     silu_and_mul         x [T, 2I] -> silu(x[:, :I]).to(dtype) * x[:, I:]   (fp32 math, two roundings)
                          grid (T, cdiv(I, BLOCK))
 
-Importing this module imports triton; the layers import it only on their first CUDA call.
+Every launcher takes `pdl`: launch with programmatic dependent launch (lamina.kernels.pdl; the layers ask
+lamina.layers.dispatch.pdl_for). Importing this module imports triton; the layers import it only on their first
+CUDA call.
 """
 from __future__ import annotations
 
@@ -20,16 +22,21 @@ import torch
 import triton
 import triton.language as tl
 
+from lamina.kernels import pdl
+
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr,
                      stride_x0, stride_x1, stride_r0, stride_r1, hidden, eps,
-                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.launch_dependents(PDL)
     i0 = tl.program_id(0).to(tl.int64)
     i1 = tl.program_id(1).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
     dtype = out_ptr.dtype.element_ty
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)  # a weight: read before the wait
+    pdl.wait(PDL)
     x = tl.load(x_ptr + i0 * stride_x0 + i1 * stride_x1 + cols, mask=mask, other=0.0)
     row = (i0 * tl.num_programs(1) + i1) * hidden  # outputs are contiguous [rows, heads, hidden]
     if HAS_RESIDUAL:
@@ -39,7 +46,6 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr,
     xf = x.to(tl.float32)
     var = tl.sum(xf * xf, axis=0) / hidden
     normed = (xf * tl.math.rsqrt(var + eps)).to(dtype)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
     tl.store(out_ptr + row + cols, (w.to(tl.float32) * normed.to(tl.float32)).to(dtype), mask=mask)
 
 
@@ -55,7 +61,9 @@ def _rotate_head(ptr, cos, sin, offs, mask, half):
 @triton.jit
 def _rotary_kernel(q_ptr, k_ptr, cache_ptr, pos_ptr,
                    stride_qt, stride_qh, stride_kt, stride_kh, stride_cache,
-                   num_q_heads, half, BLOCK: tl.constexpr):
+                   num_q_heads, half, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.launch_dependents(PDL)
+    pdl.wait(PDL)
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs = tl.arange(0, BLOCK)
@@ -72,7 +80,9 @@ def _rotary_kernel(q_ptr, k_ptr, cache_ptr, pos_ptr,
 @triton.jit
 def _qk_norm_rotary_kernel(q_ptr, k_ptr, q_weight_ptr, k_weight_ptr, cache_ptr, pos_ptr,
                            stride_qt, stride_qh, stride_kt, stride_kh, stride_cache,
-                           num_q_heads, half, eps, BLOCK: tl.constexpr):
+                           num_q_heads, half, eps, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.launch_dependents(PDL)
+    pdl.wait(PDL)
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs = tl.arange(0, BLOCK)
@@ -100,7 +110,9 @@ def _qk_norm_rotary_kernel(q_ptr, k_ptr, q_weight_ptr, k_weight_ptr, cache_ptr, 
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_xt, inter, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_xt, inter, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.launch_dependents(PDL)
+    pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
@@ -126,7 +138,7 @@ def _rows(t: torch.Tensor, hidden: int) -> torch.Tensor:
 
 
 def _launch_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                     eps: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     eps: float, pdl: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     hidden = x.shape[-1]
     assert weight.shape == (hidden,) and weight.dtype == x.dtype, "weight must be [hidden] in x's dtype"
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -140,19 +152,19 @@ def _launch_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: tor
     _rms_norm_kernel[(x3.shape[0], x3.shape[1])](
         x3, r3, weight, out, out if new_res is None else new_res,
         x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1), hidden, eps,
-        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=_num_warps(block))
+        HAS_RESIDUAL=residual is not None, BLOCK=block, PDL=pdl, num_warps=_num_warps(block), launch_pdl=pdl)
     return out, new_res
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, pdl: bool = False) -> torch.Tensor:
     """weight * rmsnorm(x) over the last dim; x [..., hidden] (a [T, H, D] view may be strided)."""
-    return _launch_rms_norm(x, None, weight, eps)[0]
+    return _launch_rms_norm(x, None, weight, eps, pdl)[0]
 
 
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                       eps: float, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(weight * rmsnorm(x + residual), x + residual), one pass; new tensors, the inputs are untouched."""
-    out, new_res = _launch_rms_norm(x, residual, weight, eps)
+    out, new_res = _launch_rms_norm(x, residual, weight, eps, pdl)
     assert new_res is not None
     return out, new_res
 
@@ -169,7 +181,7 @@ def _heads(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor, positi
 
 
 def rotary_inplace(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
-                   positions: torch.Tensor, head_dim: int) -> None:
+                   positions: torch.Tensor, head_dim: int, pdl: bool = False) -> None:
     """Rotate q [T, Hq*D] and k [T, Hk*D] (or [T, H, D]) in place, neox style, at `positions` [T].
 
     cos_sin_cache: float32 [max_pos, D], row p = cos(p f) | sin(p f). Rows may be strided (views of a
@@ -182,13 +194,13 @@ def rotary_inplace(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
     _rotary_kernel[(q3.shape[0], q3.shape[1] + k3.shape[1])](
         q3, k3, cos_sin_cache, positions,
         q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), cos_sin_cache.stride(0),
-        q3.shape[1], half, BLOCK=triton.next_power_of_2(half), num_warps=1,
+        q3.shape[1], half, BLOCK=triton.next_power_of_2(half), PDL=pdl, num_warps=1, launch_pdl=pdl,
         enable_fp_fusion=False)  # no FMA: round each product like the PyTorch path
 
 
 def qk_norm_rotary_inplace(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
                            eps: float, cos_sin_cache: torch.Tensor, positions: torch.Tensor,
-                           head_dim: int) -> None:
+                           head_dim: int, pdl: bool = False) -> None:
     """RMSNorm each head of q with q_weight [D] and of k with k_weight [D], then rotate as
     `rotary_inplace` does; in place, one launch (the Qwen3 attention prologue)."""
     if q.shape[0] == 0:
@@ -200,10 +212,11 @@ def qk_norm_rotary_inplace(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Ten
     _qk_norm_rotary_kernel[(q3.shape[0], q3.shape[1] + k3.shape[1])](
         q3, k3, q_weight, k_weight, cos_sin_cache, positions,
         q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1), cos_sin_cache.stride(0),
-        q3.shape[1], half, eps, BLOCK=triton.next_power_of_2(half), num_warps=1, enable_fp_fusion=False)
+        q3.shape[1], half, eps, BLOCK=triton.next_power_of_2(half), PDL=pdl, num_warps=1, launch_pdl=pdl,
+        enable_fp_fusion=False)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(x: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     """x [..., 2I] -> silu(x[..., :I]) * x[..., I:] in x's dtype."""
     inter = x.shape[-1] // 2
     assert x.shape[-1] == 2 * inter, "last dim must be even"
@@ -215,5 +228,5 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         x2 = x2.contiguous()
     block = min(1024, triton.next_power_of_2(inter))
     _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(inter, block))](
-        x2, out, x2.stride(0), inter, BLOCK=block, num_warps=_num_warps(block))
+        x2, out, x2.stride(0), inter, BLOCK=block, PDL=pdl, num_warps=_num_warps(block), launch_pdl=pdl)
     return out

@@ -35,6 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
+from lamina.kernels import pdl
+
 MAX_M = 4
 INTERPRETER_SMS = 132  # CPU tensors (Triton's interpreter) plan as if on an H200, where the tiles were swept
 REDUCE_BLOCK = 256
@@ -152,7 +154,8 @@ def _finish_row(acc, m: tl.constexpr, rows, row_mask, b_ptr, out_ptr, ws_ptr, st
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, N, K, stride_xm, stride_wn, stride_om, k_per_split,
                  M: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    pdl.launch_dependents(PDL)  # first, unlike the weight-only GEMVs (lamina.kernels.pdl: measured)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
     w_rows = w_ptr + tl.minimum(rows, N - 1).to(tl.int64)[:, None] * stride_wn  # clamped: unmasked loads
@@ -169,6 +172,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, N, K, stride_xm, stride_w
             w = tl.load(w_rows + offs_k[None, :], eviction_policy="evict_first")
         else:
             w = tl.load(w_rows + offs_k[None, :], mask=k_mask[None, :], other=0.0, eviction_policy="evict_first")
+        pdl.wait(PDL)  # the first tile of weights is on its way; x may be the kernel before's output (a no-op after)
         w = w.to(tl.float32)
         acc0 = _accumulate(acc0, w, x_ptr, offs_k, k_mask, EVEN_K)
         if M > 1:
@@ -177,6 +181,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, N, K, stride_xm, stride_w
             acc2 = _accumulate(acc2, w, x_ptr + 2 * stride_xm, offs_k, k_mask, EVEN_K)
         if M > 3:
             acc3 = _accumulate(acc3, w, x_ptr + 3 * stride_xm, offs_k, k_mask, EVEN_K)
+    pdl.wait(PDL)  # a split past K never entered the loop
     _finish_row(acc0, 0, rows, row_mask, b_ptr, out_ptr, ws_ptr, stride_om, N, M, HAS_BIAS, SPLIT_K)
     if M > 1:
         _finish_row(acc1, 1, rows, row_mask, b_ptr, out_ptr, ws_ptr, stride_om, N, M, HAS_BIAS, SPLIT_K)
@@ -218,8 +223,9 @@ def _check_inputs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         config: GemvConfig | None = None) -> torch.Tensor:
-    """x [M, K] @ weight[N, K].T (+ bias [N]) -> [M, N] in x's dtype, for 1 <= M <= MAX_M."""
+         config: GemvConfig | None = None, pdl: bool = False) -> torch.Tensor:
+    """x [M, K] @ weight[N, K].T (+ bias [N]) -> [M, N] in x's dtype, for 1 <= M <= MAX_M; pdl: launch with
+    programmatic dependent launch (lamina.kernels.pdl; the split-K reduce, when there is one, launches plainly)."""
     _check_inputs(x, weight, bias)
     (m, k), n = x.shape, weight.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -232,7 +238,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     _gemv_kernel[(triton.cdiv(n, cfg.block_n), cfg.split_k)](
         x, weight, b, out, ws, n, k, x.stride(0), weight.stride(0), out.stride(0), k_per_split,
         M=m, HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k, EVEN_K=k % cfg.block_k == 0,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        launch_pdl=pdl)
     if cfg.split_k > 1:
         _split_k_reduce_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
             ws, b, out, n, m * n, HAS_BIAS=bias is not None, SPLIT_K=cfg.split_k, BLOCK=REDUCE_BLOCK,

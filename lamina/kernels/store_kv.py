@@ -19,6 +19,8 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+from lamina.kernels import pdl
+
 FP8_MAX = tl.constexpr(448.0)  # the largest finite e4m3 value
 
 
@@ -27,7 +29,9 @@ def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_p
                      stride_kt, stride_kh, stride_vt, stride_vh,
                      stride_cb, stride_cs, stride_ch,
                      block_size, num_kv_heads, head_dim,
-                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SCALED: tl.constexpr):
+                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SCALED: tl.constexpr, PDL: tl.constexpr):
+    pdl.launch_dependents(PDL)
+    pdl.wait(PDL)
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token).to(tl.int64)
     if slot < 0:
@@ -56,9 +60,11 @@ def kernels_interpreted() -> bool:
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor, kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+             slot_mapping: torch.Tensor, kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+             pdl: bool = False) -> None:
     """Write k, v [T, num_kv_heads, head_dim] into the caches at `slot_mapping` [T]; slot -1 is skipped.
-    kv_scales: (k_scale, v_scale) [num_kv_heads] float32 for an fp8 cache."""
+    kv_scales: (k_scale, v_scale) [num_kv_heads] float32 for an fp8 cache; pdl: launch with programmatic
+    dependent launch (lamina.kernels.pdl)."""
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return
@@ -73,4 +79,5 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         k_cache.shape[1], num_kv_heads, head_dim,
         BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
-        SCALED=kv_scales is not None, num_warps=1 if tile <= 256 else (4 if tile <= 2048 else 8))
+        SCALED=kv_scales is not None, PDL=pdl, num_warps=1 if tile <= 256 else (4 if tile <= 2048 else 8),
+        launch_pdl=pdl)

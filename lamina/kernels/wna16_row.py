@@ -48,6 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
+from lamina.kernels import pdl
 from lamina.kernels.wna16_gemv import CHANNEL_GROUP, INTERPRETER_SMS, check_inputs, num_sms
 
 MAGIC4 = 0x43000000  # float32 128.0: a nibble at bits 16..19 reads as 128 + u
@@ -228,7 +229,7 @@ def _wna16_row_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_pt
                       stride_wn, stride_sn, stride_zn, magic, m16,
                       BITS: tl.constexpr, XOR: tl.constexpr, GROUP_KW: tl.constexpr, HAS_ZERO: tl.constexpr,
                       HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
-                      IS_SPLIT: tl.constexpr, PREFETCH: tl.constexpr):
+                      IS_SPLIT: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):
     """x_ptr: x as int32 bf16 pairs [K / 2]; GROUP_KW: words per quantization group (a multiple of 4). Rows past
     N are clamped for the loads, masked at the store; K tiles are masked only when BLOCK_KW does not divide KW."""
     C: tl.constexpr = BLOCK_KW // 4  # 4-word chunks per tile
@@ -249,6 +250,7 @@ def _wna16_row_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_pt
     kw_hi = tl.minimum(KW, kw_lo + kw_len)
     if PREFETCH:
         cur = _load_tiles(w_ptr, rptr, stride_wn, kw_lo, cols, kw_hi, BLOCK_N, True, EVEN_K)
+    pdl.wait(PDL)  # the first weight tile is on its way; x may be the kernel before's output
     for kw0 in range(kw_lo, kw_hi, BLOCK_KW):
         if PREFETCH:
             tiles = cur
@@ -294,6 +296,7 @@ def _wna16_row_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_pt
             else:
                 new = new + (accs[r] + s * (part - ZB * xs),)
         accs = new
+    pdl.launch_dependents(PDL)  # the weights are read: the next kernel may be placed
     ro = tl.arange(0, BLOCK_N)
     tot = tl.zeros([BLOCK_N], dtype=tl.float32)
     for r in tl.static_range(BLOCK_N):
@@ -314,9 +317,10 @@ def group_words(num_bits: int, group_size: int | None) -> int:
 
 def wna16_row_gemv(x: torch.Tensor, words: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None,
                    bias: torch.Tensor | None, num_bits: int, group_size: int | None, xor: int = 0,
-                   config: WNA16RowConfig | None = None) -> torch.Tensor:
+                   config: WNA16RowConfig | None = None, pdl: bool = False) -> torch.Tensor:
     """x [1, K] bf16 @ dequantize(words, scale, zero_point).T (+ bias) -> [1, N] bf16 (`takes` says which
-    operands). group_size None: strategy "channel" (scale [N, 1])."""
+    operands). group_size None: strategy "channel" (scale [N, 1]). pdl: launch with programmatic dependent
+    launch (lamina.kernels.pdl: the first weight tile loads before the wait)."""
     check_inputs(x, words, scale, zero_point, bias, num_bits)
     assert x.dtype == torch.bfloat16 and x.shape[0] == 1, f"wna16_row_gemv takes one bf16 row, got {x.dtype} " \
         f"{tuple(x.shape)}"
@@ -339,5 +343,5 @@ def wna16_row_gemv(x: torch.Tensor, words: torch.Tensor, scale: torch.Tensor, ze
         words.stride(0), scale.stride(0), z.stride(0), MAGIC4 if num_bits == 4 else MAGIC8, 65536,
         BITS=num_bits, XOR=xor, GROUP_KW=group_words(num_bits, group_size), HAS_ZERO=zero_point is not None,
         HAS_BIAS=bias is not None, EVEN_K=kw % cfg.block_kw == 0, BLOCK_N=cfg.block_n, BLOCK_KW=cfg.block_kw,
-        IS_SPLIT=split > 1, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, num_stages=1)
+        IS_SPLIT=split > 1, PREFETCH=cfg.prefetch, PDL=pdl, num_warps=cfg.num_warps, num_stages=1, launch_pdl=pdl)
     return out

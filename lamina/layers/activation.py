@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lamina.config import KernelChoice
-from lamina.layers.dispatch import DEFAULT_KERNELS, silu_and_mul_ops
+from lamina.layers.dispatch import DEFAULT_KERNELS, pdl_for, silu_and_mul_ops
 
 
 class SiluAndMul(nn.Module):
@@ -23,6 +23,6 @@ class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ops = silu_and_mul_ops(x, self.kernels)
         if ops is not None:
-            return ops.silu_and_mul(x)
+            return ops.silu_and_mul(x, pdl=pdl_for(x, self.kernels))
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up

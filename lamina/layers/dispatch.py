@@ -53,6 +53,24 @@ def on_kernel_device(x: torch.Tensor) -> bool:
     return x.is_cuda
 
 
+@functools.cache
+def _pdl_module() -> ModuleType | None:
+    try:
+        from lamina.kernels import pdl
+    except ImportError:  # no triton: no kernels to launch
+        return None
+    return pdl
+
+
+def pdl_for(x: torch.Tensor, kernels: KernelChoice) -> bool:
+    """Whether the kernels a layer runs on x launch with programmatic dependent launch (lamina.kernels.pdl):
+    `kernels.pdl` and x on a CUDA device of compute capability 9.0 or later (never under the interpreter)."""
+    if not (kernels.pdl and x.is_cuda):
+        return False
+    module = _pdl_module()
+    return module is not None and module.supported(x)
+
+
 def fused_ops_for(x: torch.Tensor, kernels: KernelChoice) -> ModuleType | None:
     """lamina.kernels.fused_ops when `kernels.fused_ops`, x is a CUDA tensor of a FUSED_DTYPES dtype and
     triton imports; else None."""

@@ -23,7 +23,7 @@ from torch import nn
 from lamina.config import KernelChoice
 from lamina.distributed.communication import all_reduce
 from lamina.distributed.parallel_state import current_group
-from lamina.layers.dispatch import DEFAULT_KERNELS, gemv_for, weight_major_for
+from lamina.layers.dispatch import DEFAULT_KERNELS, gemv_for, pdl_for, weight_major_for
 
 
 def tensor_parallel_rank_and_size() -> tuple[int, int]:
@@ -75,7 +75,8 @@ def small_batch_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     CPU to weight_major_matmul, the rest to F.linear."""
     gemv = gemv_for(x, weight, kernels)
     if gemv is not None:
-        return gemv.gemv(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
+        out = gemv.gemv(x.reshape(-1, x.shape[-1]), weight, bias, pdl=pdl_for(x, kernels))
+        return out.view(*x.shape[:-1], weight.shape[0])
     if weight_major_for(x, weight):
         return weight_major_matmul(x, weight, bias)
     return F.linear(x, weight, bias)

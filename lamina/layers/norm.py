@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lamina.config import KernelChoice
-from lamina.layers.dispatch import DEFAULT_KERNELS, rms_norm_ops
+from lamina.layers.dispatch import DEFAULT_KERNELS, pdl_for, rms_norm_ops
 
 
 class RMSNorm(nn.Module):
@@ -35,9 +35,10 @@ class RMSNorm(nn.Module):
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         ops = rms_norm_ops(x, self.weight, residual, self.kernels)
         if ops is not None:
+            pdl = pdl_for(x, self.kernels)
             if residual is None:
-                return ops.rms_norm(x, self.weight, self.variance_epsilon)
-            return ops.fused_add_rms_norm(x, residual, self.weight, self.variance_epsilon)
+                return ops.rms_norm(x, self.weight, self.variance_epsilon, pdl=pdl)
+            return ops.fused_add_rms_norm(x, residual, self.weight, self.variance_epsilon, pdl=pdl)
         if residual is None:
             return self._norm(x)
         residual = x + residual

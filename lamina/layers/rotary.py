@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from lamina.config import KernelChoice
-from lamina.layers.dispatch import DEFAULT_KERNELS, rotary_ops
+from lamina.layers.dispatch import DEFAULT_KERNELS, pdl_for, rotary_ops
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -113,7 +113,7 @@ class RotaryEmbedding(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         ops = rotary_ops(q, k, self.kernels)
         if ops is not None:
-            ops.rotary_inplace(q, k, self.cos_sin_cache, positions, self.head_dim)
+            ops.rotary_inplace(q, k, self.cos_sin_cache, positions, self.head_dim, pdl=pdl_for(q, self.kernels))
             return q, k
         cos, sin = self.cos_sin_cache.index_select(0, positions)[:, None, :].chunk(2, dim=-1)
         q_shape, k_shape = q.shape, k.shape

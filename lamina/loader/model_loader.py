@@ -54,7 +54,7 @@ def load_model(model_dir: str, arch: ModelArch, dtype: torch.dtype, device: torc
     """
     _check_args(dtype, load_format)
     model_cls = get_model_class(arch.architecture)
-    backend = get_attention_backend(attention_backend)
+    backend = get_attention_backend(attention_backend, pdl=kernels.pdl)
     quant_config = parse_quant_config(arch.raw.get("quantization_config"))
     with _default_dtype(dtype), torch.device(device):
         model = model_cls(arch, backend, kernels, quant_config)

@@ -22,7 +22,7 @@ from lamina.attention.backends import AttentionBackend
 from lamina.attention.layer import Attention
 from lamina.config import KernelChoice, ModelArch
 from lamina.layers.activation import SiluAndMul
-from lamina.layers.dispatch import DEFAULT_KERNELS, qk_norm_rotary_ops
+from lamina.layers.dispatch import DEFAULT_KERNELS, pdl_for, qk_norm_rotary_ops
 from lamina.layers.embedding import ParallelLMHead, VocabEmbedding
 from lamina.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear, QuantMethod, RowParallelLinear,
                                   copy_checked)
@@ -78,7 +78,8 @@ class DecoderAttention(nn.Module):
         ops = qk_norm_rotary_ops(q, self.q_norm, self.k_norm, self.kernels)
         if ops is not None:
             ops.qk_norm_rotary_inplace(q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.variance_epsilon,
-                                       self.rotary_emb.cos_sin_cache, positions, self.head_dim)
+                                       self.rotary_emb.cos_sin_cache, positions, self.head_dim,
+                                       pdl=pdl_for(q, self.kernels))
             return q, k
         return self.rotary_emb(positions, self._head_norm(self.q_norm, q), self._head_norm(self.k_norm, k))
 

@@ -63,8 +63,9 @@ def kernel_for(x: torch.Tensor, layer: nn.Module, args: WeightQuantArgs) -> Kern
     kernels = _wna16_kernels()
     if kernels is None:
         return None
-    fn = _kernel(kernels, x.numel() // x.shape[-1], x.shape[-1], args.num_bits, group_size, x.dtype,
-                 getattr(layer, "kernels", dispatch.DEFAULT_KERNELS).gemv)
+    choice = getattr(layer, "kernels", dispatch.DEFAULT_KERNELS)
+    fn = _kernel(kernels, x.numel() // x.shape[-1], x.shape[-1], args.num_bits, group_size, x.dtype, choice.gemv,
+                 dispatch.pdl_for(x, choice))
 
     def run(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
@@ -87,12 +88,12 @@ GEMV_ROWS = 1
 
 
 def _kernel(kernels: tuple[ModuleType, ...], rows: int, k: int, num_bits: int, group_size: int | None,
-            dtype: torch.dtype, small: bool) -> Callable[..., torch.Tensor]:
+            dtype: torch.dtype, small: bool, pdl: bool) -> Callable[..., torch.Tensor]:
     """The kernel function for `rows` rows of x of `dtype` (kernel_for's docstring); small: decode-sized kernels
-    allowed."""
+    allowed; pdl: the one-row kernel launches with programmatic dependent launch (lamina.kernels.pdl)."""
     gemv, mma, gemm, row = kernels
     if small and rows <= GEMV_ROWS and row.takes(dtype, rows, k, num_bits, group_size):
-        return row.wna16_row_gemv
+        return functools.partial(row.wna16_row_gemv, pdl=pdl)
     if small and GEMV_ROWS < rows <= mma.MAX_M and mma.takes(k, group_size):
         return mma.wna16_mma
     if small and rows <= gemv.MAX_M:

@@ -159,9 +159,11 @@ def _route_cpu_to_gemv(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     row counts the GEMV was called with."""
     calls: list[int] = []
 
-    def counting_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def counting_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                      pdl: bool = False) -> torch.Tensor:
+        assert not pdl, "CPU tensors never launch with PDL"
         calls.append(x.shape[0])
-        return gemv_module.gemv(x, weight, bias)
+        return gemv_module.gemv(x, weight, bias, pdl=pdl)
 
     monkeypatch.setattr(dispatch, "on_kernel_device", lambda x: True)
     monkeypatch.setattr(dispatch, "GEMV_DTYPES", (*dispatch.GEMV_DTYPES, torch.float32))

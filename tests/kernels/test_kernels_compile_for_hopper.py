@@ -26,18 +26,20 @@ SCRIPT = textwrap.dedent('''
     cache = sys.argv[1]
     types = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16", "k_cache_ptr": cache,
              "v_cache_ptr": cache, "slot_ptr": "*i64", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32",
-             "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "table_ptr": "*i32", "seq_lens_ptr": "*i32",
+             "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "arrivals_ptr": "*i32", "table_ptr": "*i32",
+             "seq_lens_ptr": "*i32",
              "qsl_ptr": "*i32", "qk_scale": "fp32"}
     scaled = cache == "*fp8e4nv"
     attention = dict(GROUP=2, PAGE=16, BLOCK_N=64, BLOCK_D=128, PREC="tf32", SCALED=scaled)
     decode = decode_config(128, torch.bfloat16, torch.float8_e4m3fn if scaled else torch.bfloat16)
     launch = dict(num_warps=decode.pop("num_warps"), num_stages=decode.pop("num_stages"))
-    for fn, constexprs in ((_store_kv_kernel, dict(BLOCK_H=8, BLOCK_D=128, SCALED=scaled)),
-                           (_decode_kernel, dict(attention, MAX_Q=8, BLOCK_M=16, SPLIT=True, **decode)),
+    for fn, constexprs in ((_store_kv_kernel, dict(BLOCK_H=8, BLOCK_D=128, SCALED=scaled, PDL=True)),
+                           (_decode_kernel, dict(attention, MAX_Q=8, BLOCK_M=16, SPLIT=True, PDL=True, **decode)),
                            (_prefill_kernel, dict(attention, BLOCK_M=64))):
         signature = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in fn.arg_names}
         compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
-                                  target=GPUTarget("cuda", 90, 32), options=launch)
+                                  target=GPUTarget("cuda", 90, 32),
+                                  options=dict(launch, launch_pdl=constexprs.get("PDL", False)))
         assert compiled.asm["cubin"], fn.__name__
         print(fn.__name__, "ok")
 ''')
@@ -79,3 +81,68 @@ def test_the_shipped_fp8_gemm_configs_compile_for_sm90() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     names = done.stdout.split()[::2]
     assert len(names) >= 4 and done.stdout.split()[1::2] == ["ok"] * len(names)
+
+
+PDL_SCRIPT = textwrap.dedent('''
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from lamina.kernels import decode_attention, fused_ops, gemv, store_kv, wna16_row
+
+    def ops_in_order(name, fn, constexprs, types, **options):
+        """Each griddepcontrol, and each run of global loads / stores / atomics, in PTX order."""
+        signature = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in fn.arg_names}
+        compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=dict(constexprs, PDL=True)),
+                                  target=GPUTarget("cuda", 90, 32), options=dict(options, launch_pdl=True))
+        ops = []
+        for line in compiled.asm["ptx"].splitlines():
+            words = line.split()
+            op = words[1] if words and words[0].startswith("@") else (words[0] if words else "")
+            op = op.rstrip(";") if op.startswith("griddepcontrol") else op.split(".")[0] if ".global" in op else None
+            if op and (not ops or ops[-1] != op):
+                ops.append(op)
+        print(name, " ".join(ops))
+
+    types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16", "ws_ptr": "*fp32",
+             "res_ptr": "*bf16", "new_res_ptr": "*bf16", "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16",
+             "cache_ptr": "*fp32", "pos_ptr": "*i64", "eps": "fp32", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16",
+             "slot_ptr": "*i64", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "part_acc_ptr": "*fp32",
+             "part_ml_ptr": "*fp32", "arrivals_ptr": "*i32", "table_ptr": "*i32", "seq_lens_ptr": "*i32",
+             "qsl_ptr": "*i32", "qk_scale": "fp32"}
+    ops_in_order("gemv", gemv._gemv_kernel, dict(M=1, HAS_BIAS=False, SPLIT_K=1, EVEN_K=True, BLOCK_N=2,
+                                                 BLOCK_K=4096), types, num_warps=8)
+    ops_in_order("wna16_row", wna16_row._wna16_row_kernel,
+                 dict(BITS=8, XOR=0, GROUP_KW=1 << 30, HAS_ZERO=False, HAS_BIAS=False, EVEN_K=True, BLOCK_N=4,
+                      BLOCK_KW=128, IS_SPLIT=True, PREFETCH=True),
+                 dict(types, x_ptr="*i32", w_ptr="*i32", s_ptr="*bf16", z_ptr="*i8", cnt_ptr="*i32"), num_warps=1)
+    ops_in_order("rms_norm", fused_ops._rms_norm_kernel, dict(HAS_RESIDUAL=True, BLOCK=4096), types, num_warps=8)
+    ops_in_order("rotary", fused_ops._rotary_kernel, dict(BLOCK=64), types, num_warps=1)
+    ops_in_order("silu_and_mul", fused_ops._silu_and_mul_kernel, dict(BLOCK=1024), types, num_warps=4)
+    ops_in_order("store_kv", store_kv._store_kv_kernel, dict(BLOCK_H=8, BLOCK_D=128, SCALED=False), types,
+                 num_warps=4)
+    ops_in_order("decode_attention", decode_attention._decode_kernel,
+                 dict(GROUP=4, MAX_Q=1, PAGE=16, BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, SPLIT=True, PREC="tf32",
+                      SCALED=False, F16_DOT=False), types, num_warps=4, num_stages=3)
+''')
+
+# Each kernel's PTX up to its wait: the GEMVs and the norm load their weights first (so that those loads overlap the
+# kernel before); the weight-only GEMV and decode attention let the next kernel in only after their main loop.
+BEFORE_WAIT = {"gemv": ["griddepcontrol.launch_dependents", "ld"], "wna16_row": ["ld"],
+               "rms_norm": ["griddepcontrol.launch_dependents", "ld"], "rotary": ["griddepcontrol.launch_dependents"],
+               "silu_and_mul": ["griddepcontrol.launch_dependents"], "store_kv": ["griddepcontrol.launch_dependents"],
+               "decode_attention": []}
+
+
+def test_pdl_kernels_wait_before_they_touch_what_the_kernel_before_writes() -> None:
+    """Launched with programmatic dependent launch (lamina.kernels.pdl), every decode-step kernel waits before it
+    touches data the kernel before it may write: before the wait, weight loads at most, no store, no atomic; and it
+    lets the next kernel in exactly once. Checked in the sm_90 PTX, the order the GPU executes."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", PDL_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    orders = {name: ops.split() for name, ops in (line.split(" ", 1) for line in done.stdout.strip().splitlines())}
+    assert set(orders) == set(BEFORE_WAIT)
+    for name, ops in orders.items():
+        wait = ops.index("griddepcontrol.wait")
+        assert ops[:wait] == BEFORE_WAIT[name], (name, ops)
+        assert ops.count("griddepcontrol.launch_dependents") == 1, (name, ops)

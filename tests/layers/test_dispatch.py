@@ -42,6 +42,22 @@ def test_cpu_tensors_take_no_kernel() -> None:
 def test_kernel_choice_validates() -> None:
     with pytest.raises(ValueError, match="gemv: must be a bool"):
         KernelChoice(gemv=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="pdl: must be a bool"):
+        KernelChoice(pdl="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.usefixtures("routed")
+def test_pdl_needs_the_choice_and_a_cuda_device_that_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Programmatic dependent launch: only CUDA tensors (never the interpreter's CPU ones, even routed to the
+    kernels: its gdc calls are GPU instructions), only where the device supports it, only when the choice allows."""
+    assert not dispatch.pdl_for(_zeros(1, 8), ON)  # a CPU tensor, though routed to the kernels
+    supports = {"answer": True}
+    monkeypatch.setattr(dispatch, "_pdl_module", lambda: SimpleNamespace(supported=lambda x: supports["answer"]))
+    cuda_x = SimpleNamespace(is_cuda=True)
+    assert dispatch.pdl_for(cuda_x, ON)  # type: ignore[arg-type]
+    assert not dispatch.pdl_for(cuda_x, KernelChoice(pdl=False))  # type: ignore[arg-type]
+    supports["answer"] = False  # a GPU before sm_90
+    assert not dispatch.pdl_for(cuda_x, ON)  # type: ignore[arg-type]
 
 
 @pytest.mark.usefixtures("routed")

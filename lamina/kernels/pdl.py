@@ -1,0 +1,56 @@
+"""Programmatic dependent launch (PDL, sm_90 and later): a kernel may start while the one before it still runs.
+
+A decode step of a small model, or a batch-1 step of a big one, is hundreds of short kernels in one CUDA graph;
+each pays its launch and the ramp of its first loads before any byte streams. With PDL the next kernel's
+programs are placed on free SM slots as soon as every program of the current one has started, and run their
+prologue (loads of weights, which no kernel writes) while the current one finishes:
+
+    kernel i    | trigger | ........ work ........ | done, writes visible
+    kernel i+1            | trigger | weights | wait ---------> | reads x (kernel i's output), work ...
+
+The contract every lamina kernel keeps when launched with PDL (its `PDL` constexpr and `launch_pdl=True`):
+  - `launch_dependents(PDL)` once, where the next kernel may be placed: first in the short kernels and the bf16
+    GEMV, after the main loop in the weight-only GEMVs (lamina.kernels.wna16_row) and decode attention, which
+    bounds how many kernels ahead wait on the SMs. Measured on the H200, Llama-3-8B shape at batch 1 (tok/s, off /
+    trigger first everywhere / after the loop in all three / the bf16 GEMV first): bf16 245 / 255 / 249 / 254,
+    int8 346 / 320 / 370 / 370, int4 420 / 434 / 454 / 454 (docs/BENCHMARKS.md, nineteenth session);
+  - before `wait(PDL)`, it loads only weights and other tensors that no kernel of the step writes, and stores
+    nothing: a predecessor may still be writing its input or reading the buffer its output reuses;
+  - `wait(PDL)` on every path, early exits included, before any other access: it returns when the kernel before
+    it has completed and its writes are visible, and since that kernel waited on its own predecessor in turn,
+    every earlier kernel has completed too. A kernel that does not wait is never launched with PDL.
+Kernels without PDL (PyTorch's, cuBLAS's) launch as usual: they start after the kernel before them has completed.
+Off CUDA, on GPUs before sm_90 and under the Triton interpreter the constexpr is False and both calls vanish.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+
+@functools.cache
+def _device_supports(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) >= (9, 0)
+
+
+def supported(x: torch.Tensor) -> bool:
+    """Whether kernels over x can launch with PDL: x on a CUDA device of compute capability 9.0 or later."""
+    return x.is_cuda and _device_supports(x.device.index if x.device.index is not None
+                                           else torch.cuda.current_device())
+
+
+@triton.jit
+def launch_dependents(PDL: tl.constexpr):
+    """Let the next kernel in the stream be placed once every program of this one has got here (PDL only)."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def wait(PDL: tl.constexpr):
+    """Block until the kernel before this one has completed and its writes are visible (PDL only)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
