@@ -40,7 +40,7 @@ def sass(cache: str, overrides: dict) -> str:
                       PDL=False, **config)
     types = {"k_cache_ptr": cache, "v_cache_ptr": cache, "q_ptr": "*bf16", "out_ptr": "*bf16", "qk_scale": "fp32",
              **{name: "*fp32" for name in ("k_scale_ptr", "v_scale_ptr", "part_acc_ptr", "part_ml_ptr")},
-             **{name: "*i32" for name in ("arrivals_ptr", "table_ptr", "seq_lens_ptr", "qsl_ptr")}}
+             **{name: "*i32" for name in ("table_ptr", "seq_lens_ptr", "qsl_ptr")}}
     names = _decode_kernel.arg_names
     signature = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in names}
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names

@@ -19,14 +19,10 @@ With one split the program normalises and writes the output; otherwise it writes
 
     part_acc [B, MAX_Q, H, num_splits, D] fp32      part_ml [2, B, MAX_Q, H, num_splits] fp32
 
-and counts itself in arrivals[b, g] (an acq_rel atomic). The last of the num_splits programs of (b, g) to
-arrive combines the partials of its rows in split order (deterministic), writes the output and re-zeroes the
-counter, so a step has no separate reduce launch:  M = max_s m_s,  w_s = 2^(m_s - M),
+and the reduce kernel, grid (B, MAX_Q, H), combines them:  M = max_s m_s,  w_s = 2^(m_s - M),
 out = sum_s w_s acc_s / sum_s w_s l_s. An empty split (or a split a row cannot see) has m = -inf,
 l = 0, acc = 0 and weighs nothing; split 0 holds key 0, which every row sees, so M is finite.
 Sequences with q_len > MAX_Q belong to the prefill kernel: their programs exit at once.
-The counters (int32, zeroed once, left zeroed) are cached per device and size, allocated outside CUDA graph
-capture (lamina runs every step eagerly before capturing it); one stream at a time uses them.
 """
 from __future__ import annotations
 
@@ -42,7 +38,7 @@ MAX_SPLITS = 64
 
 # Per-step integers are not specialized on (== 1, % 16): one compiled kernel serves every batch.
 @triton.jit(do_not_specialize=["stride_tab", "num_seqs"])
-def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_ml_ptr, arrivals_ptr,
+def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
                    table_ptr, seq_lens_ptr, qsl_ptr, k_scale_ptr, v_scale_ptr,
                    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
                    stride_tab, qk_scale, head_dim, num_heads, num_seqs,
@@ -89,59 +85,46 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_
     if SCALED:
         acc = acc * tl.load(v_scale_ptr + kv_head)
     io_mask = row_ok[:, None] & dmask[None, :]
-    out_ptrs = out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
     if SPLIT:
-        # partials of (seq, tok, head, s) at part0 + s in [B, MAX_Q, H, num_splits]
-        part0 = ((seq * MAX_Q + tok) * num_heads + head).to(tl.int64) * num_splits
+        # partial index of (seq, tok, head, split) in [B, MAX_Q, H, num_splits]
+        part = ((seq * MAX_Q + tok) * num_heads + head).to(tl.int64) * num_splits + split
+        tl.store(part_acc_ptr + part[:, None] * head_dim + offs_d[None, :], acc, mask=io_mask)
+        tl.store(part_ml_ptr + part, m_i, mask=row_ok)
         plane = num_seqs * MAX_Q * num_heads * num_splits
-        tl.store(part_acc_ptr + (part0 + split)[:, None] * head_dim + offs_d[None, :], acc, mask=io_mask)
-        tl.store(part_ml_ptr + part0 + split, m_i, mask=row_ok)
-        tl.store(part_ml_ptr + plane + part0 + split, l_i, mask=row_ok)
-        tl.debug_barrier()  # every thread's partials written before the release below
-        counter = arrivals_ptr + seq * tl.num_programs(1) + kv_head
-        if tl.atomic_add(counter, 1, sem="acq_rel") == num_splits - 1:  # the last split of (seq, kv_head)
-            _combine_splits(out_ptrs, part_acc_ptr, part_ml_ptr, part0, plane, row_ok, io_mask, offs_d, head_dim,
-                            num_splits, BLOCK_M, BLOCK_D)
-            tl.store(counter, 0)
+        tl.store(part_ml_ptr + plane + part, l_i, mask=row_ok)
     else:
-        tl.store(out_ptrs, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=io_mask)
+        tl.store(out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+                 (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
-@triton.jit
-def _combine_splits(out_ptrs, part_acc_ptr, part_ml_ptr, part0, plane, row_ok, io_mask, offs_d, head_dim, num_splits,
-                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """out = sum_s w_s acc_s / sum_s w_s l_s, w_s = 2^(m_s - max_s m_s), over the splits in order (L2 reads:
-    the partials were written by other SMs)."""
-    m_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    for s in range(num_splits):
-        m_max = tl.maximum(m_max, tl.load(part_ml_ptr + part0 + s, mask=row_ok, other=float("-inf"),
-                                          cache_modifier=".cg"))
-    m_max = tl.where(row_ok, m_max, 0.0)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    l_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for s in range(num_splits):
-        w = tl.math.exp2(tl.load(part_ml_ptr + part0 + s, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
-                         - m_max)
-        l_sum += w * tl.load(part_ml_ptr + plane + part0 + s, mask=row_ok, other=0.0, cache_modifier=".cg")
-        acc += w[:, None] * tl.load(part_acc_ptr + (part0 + s)[:, None] * head_dim + offs_d[None, :], mask=io_mask,
-                                    other=0.0, cache_modifier=".cg")
-    tl.store(out_ptrs, (acc / l_sum[:, None]).to(out_ptrs.dtype.element_ty), mask=io_mask)
-
-
-_ARRIVALS: dict[tuple[str, int | None, int], torch.Tensor] = {}
-
-
-def arrivals(device: torch.device, count: int) -> torch.Tensor:
-    """int32 zeros, at least `count` of them (a power of two), cached per device and size and never freed: a
-    captured graph keeps its pointer. Allocated outside CUDA graph capture (the module docstring)."""
-    size = triton.next_power_of_2(count)
-    key = (device.type, device.index, size)
-    if key not in _ARRIVALS:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"decode_attention: no split counters for {count} (sequence, kv head) pairs during "
-                               "CUDA graph capture; run the step once eagerly before capturing it")
-        _ARRIVALS[key] = torch.zeros(size, dtype=torch.int32, device=device)
-    return _ARRIVALS[key]
+@triton.jit(do_not_specialize=["num_splits", "num_seqs"])
+def _reduce_kernel(out_ptr, part_acc_ptr, part_ml_ptr, qsl_ptr, stride_ot, stride_oh,
+                   head_dim, num_splits, num_seqs,
+                   MAX_Q: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    pdl.launch_dependents(PDL)
+    pdl.wait(PDL)
+    seq = tl.program_id(0)
+    tok = tl.program_id(1)
+    head = tl.program_id(2)
+    num_heads = tl.num_programs(2)
+    q_start = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    if (q_len > MAX_Q) | (tok >= q_len):
+        return
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    smask = offs_s < num_splits
+    part = ((seq * MAX_Q + tok) * num_heads + head).to(tl.int64) * num_splits + offs_s
+    m = tl.load(part_ml_ptr + part, mask=smask, other=float("-inf"))
+    plane = num_seqs * MAX_Q * num_heads * num_splits
+    l_s = tl.load(part_ml_ptr + plane + part, mask=smask, other=0.0)
+    acc = tl.load(part_acc_ptr + part[:, None] * head_dim + offs_d[None, :],
+                  mask=smask[:, None] & (offs_d < head_dim)[None, :], other=0.0)
+    w = tl.math.exp2(m - tl.max(m, 0))
+    out = tl.sum(acc * w[:, None], 0) / tl.sum(l_s * w, 0)
+    row = (q_start + tok).to(tl.int64)
+    tl.store(out_ptr + row * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
+             mask=offs_d < head_dim)
 
 
 def decode_config(head_dim: int, dtype: torch.dtype, kv_dtype: torch.dtype | None = None) -> dict[str, int]:
@@ -177,7 +160,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
     `num_splits` programs share each (sequence, kv head); `config` overrides entries of
     `decode_config` (BLOCK_N, num_warps, num_stages); kv_scales: (k_scale, v_scale) [KV] float32 for an
-    fp8 cache; pdl: launch with programmatic dependent launch (lamina.kernels.pdl)."""
+    fp8 cache; pdl: launch both kernels with programmatic dependent launch (lamina.kernels.pdl)."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     num_seqs = seq_lens.shape[0]
@@ -193,11 +176,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                            dtype=torch.float32)
     part_ml = q.new_empty((2, num_seqs, max_query_len, num_heads, num_splits) if split else (1,),
                           dtype=torch.float32)
-    counters = arrivals(q.device, num_seqs * num_kv_heads) if split else seq_lens  # unread unsplit
     k_scale, v_scale = kv_scales or (seq_lens, seq_lens)  # unread when not SCALED
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, out, part_acc, part_ml, counters, block_tables, seq_lens, query_start_loc,
-        k_scale, v_scale,
+        q, k_cache, v_cache, out, part_acc, part_ml, block_tables, seq_lens, query_start_loc, k_scale, v_scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         scale * LOG2E, head_dim, num_heads, num_seqs,
@@ -205,3 +186,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         BLOCK_M=max(16, triton.next_power_of_2(max_query_len * group)),
         BLOCK_D=block_d, SPLIT=split, PREC=dot_precision(q.dtype), SCALED=kv_scales is not None, PDL=pdl,
         launch_pdl=pdl, **{**decode_config(head_dim, q.dtype, k_cache.dtype), **(config or {})})
+    if split:
+        _reduce_kernel[(num_seqs, max_query_len, num_heads)](
+            out, part_acc, part_ml, query_start_loc, out.stride(0), out.stride(1),
+            head_dim, num_splits, num_seqs,
+            MAX_Q=max_query_len, BLOCK_S=MAX_SPLITS, BLOCK_D=block_d,  # one variant for any split count
+            PDL=pdl, num_warps=4 if block_d <= 128 else 8, launch_pdl=pdl)

@@ -29,17 +29,12 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
 
 @functools.cache
 def _device_supports(index: int) -> bool:
     return torch.cuda.get_device_capability(index) >= (9, 0)
-
-
-def supported(x: torch.Tensor) -> bool:
-    """Whether kernels over x can launch with PDL: x on a CUDA device of compute capability 9.0 or later."""
-    return x.is_cuda and _device_supports(x.device.index if x.device.index is not None
-                                           else torch.cuda.current_device())
 
 
 @triton.jit
@@ -54,3 +49,11 @@ def wait(PDL: tl.constexpr):
     """Block until the kernel before this one has completed and its writes are visible (PDL only)."""
     if PDL:
         tl.extra.cuda.gdc_wait()
+
+
+def supported(x: torch.Tensor) -> bool:
+    """Whether kernels over x can launch with PDL: x on a CUDA device of compute capability 9.0 or later, and the
+    kernels compiled (the interpreter has no griddepcontrol, even for CUDA tensors)."""
+    if not x.is_cuda or isinstance(wait, InterpretedFunction):
+        return False
+    return _device_supports(x.device.index if x.device.index is not None else torch.cuda.current_device())

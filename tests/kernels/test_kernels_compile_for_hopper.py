@@ -26,8 +26,7 @@ SCRIPT = textwrap.dedent('''
     cache = sys.argv[1]
     types = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16", "k_cache_ptr": cache,
              "v_cache_ptr": cache, "slot_ptr": "*i64", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32",
-             "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "arrivals_ptr": "*i32", "table_ptr": "*i32",
-             "seq_lens_ptr": "*i32",
+             "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "table_ptr": "*i32", "seq_lens_ptr": "*i32",
              "qsl_ptr": "*i32", "qk_scale": "fp32"}
     scaled = cache == "*fp8e4nv"
     attention = dict(GROUP=2, PAGE=16, BLOCK_N=64, BLOCK_D=128, PREC="tf32", SCALED=scaled)
@@ -107,8 +106,8 @@ PDL_SCRIPT = textwrap.dedent('''
              "res_ptr": "*bf16", "new_res_ptr": "*bf16", "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16",
              "cache_ptr": "*fp32", "pos_ptr": "*i64", "eps": "fp32", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16",
              "slot_ptr": "*i64", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "part_acc_ptr": "*fp32",
-             "part_ml_ptr": "*fp32", "arrivals_ptr": "*i32", "table_ptr": "*i32", "seq_lens_ptr": "*i32",
-             "qsl_ptr": "*i32", "qk_scale": "fp32"}
+             "part_ml_ptr": "*fp32", "table_ptr": "*i32", "seq_lens_ptr": "*i32", "qsl_ptr": "*i32",
+             "qk_scale": "fp32"}
     ops_in_order("gemv", gemv._gemv_kernel, dict(M=1, HAS_BIAS=False, SPLIT_K=1, EVEN_K=True, BLOCK_N=2,
                                                  BLOCK_K=4096), types, num_warps=8)
     ops_in_order("wna16_row", wna16_row._wna16_row_kernel,
@@ -123,6 +122,8 @@ PDL_SCRIPT = textwrap.dedent('''
     ops_in_order("decode_attention", decode_attention._decode_kernel,
                  dict(GROUP=4, MAX_Q=1, PAGE=16, BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, SPLIT=True, PREC="tf32",
                       SCALED=False, F16_DOT=False), types, num_warps=4, num_stages=3)
+    ops_in_order("decode_reduce", decode_attention._reduce_kernel, dict(MAX_Q=1, BLOCK_S=64, BLOCK_D=128), types,
+                 num_warps=4)
 ''')
 
 # Each kernel's PTX up to its wait: the GEMVs and the norm load their weights first (so that those loads overlap the
@@ -130,7 +131,7 @@ PDL_SCRIPT = textwrap.dedent('''
 BEFORE_WAIT = {"gemv": ["griddepcontrol.launch_dependents", "ld"], "wna16_row": ["ld"],
                "rms_norm": ["griddepcontrol.launch_dependents", "ld"], "rotary": ["griddepcontrol.launch_dependents"],
                "silu_and_mul": ["griddepcontrol.launch_dependents"], "store_kv": ["griddepcontrol.launch_dependents"],
-               "decode_attention": []}
+               "decode_attention": [], "decode_reduce": ["griddepcontrol.launch_dependents"]}
 
 
 def test_pdl_kernels_wait_before_they_touch_what_the_kernel_before_writes() -> None:
