@@ -9,11 +9,10 @@ prologue (loads of weights, which no kernel writes) while the current one finish
     kernel i+1            | trigger | weights | wait ---------> | reads x (kernel i's output), work ...
 
 The contract every lamina kernel keeps when launched with PDL (its `PDL` constexpr and `launch_pdl=True`):
-  - `launch_dependents(PDL)` once, where the next kernel may be placed: first in the short kernels and the bf16
-    GEMV, after the main loop in the weight-only GEMVs (lamina.kernels.wna16_row) and decode attention, which
-    bounds how many kernels ahead wait on the SMs. Measured on the H200, Llama-3-8B shape at batch 1 (tok/s, off /
-    trigger first everywhere / after the loop in all three / the bf16 GEMV first): bf16 245 / 255 / 249 / 254,
-    int8 346 / 320 / 370 / 370, int4 420 / 434 / 454 / 454 (docs/BENCHMARKS.md, nineteenth session);
+  - `launch_dependents(PDL)` once, where the next kernel may be placed: first in the short kernels (norms, RoPE,
+    SiLU-and-mul, the KV store, the decode split reduce) and the bf16 GEMV; after the main loop in the weight-only
+    GEMV (lamina.kernels.wna16_row) and decode attention, which bounds how many kernels ahead wait on the SMs
+    (placement measured per kernel: docs/kernels.md);
   - before `wait(PDL)`, it loads only weights and other tensors that no kernel of the step writes, and stores
     nothing: a predecessor may still be writing its input or reading the buffer its output reuses;
   - `wait(PDL)` on every path, early exits included, before any other access: it returns when the kernel before
@@ -31,10 +30,13 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+MIN_CUDA = (12, 3)  # CUDA graphs capture a programmatic launch as a programmatic edge from 12.3 on
+
 
 @functools.cache
 def _device_supports(index: int) -> bool:
-    return torch.cuda.get_device_capability(index) >= (9, 0)
+    cuda = tuple(int(part) for part in (torch.version.cuda or "0.0").split(".")[:2])
+    return cuda >= MIN_CUDA and torch.cuda.get_device_capability(index) >= (9, 0)
 
 
 @triton.jit
@@ -52,8 +54,9 @@ def wait(PDL: tl.constexpr):
 
 
 def supported(x: torch.Tensor) -> bool:
-    """Whether kernels over x can launch with PDL: x on a CUDA device of compute capability 9.0 or later, and the
-    kernels compiled (the interpreter has no griddepcontrol, even for CUDA tensors)."""
+    """Whether kernels over x can launch with PDL: x on a CUDA device of compute capability 9.0 or later, torch
+    built with CUDA MIN_CUDA or later, and the kernels compiled (the interpreter has no griddepcontrol, even for
+    CUDA tensors)."""
     if not x.is_cuda or isinstance(wait, InterpretedFunction):
         return False
     return _device_supports(x.device.index if x.device.index is not None else torch.cuda.current_device())
