@@ -44,6 +44,8 @@ _HELP = {
     "enforce_eager": "never capture CUDA graphs (decode batches are captured on CUDA with the triton backend)",
     "cuda_graph_max_batch_size": "largest decode batch captured as a CUDA graph",
     "async_scheduling": "launch the next decode step while the host processes the current one's tokens",
+    "enable_pdl": "on sm_90+ GPUs, start each Triton kernel of a step while the one before it finishes "
+                  "(programmatic dependent launch)",
     "tensor_parallel_size": "split the model over this many processes, one per GPU (CPU: gloo); docs/distributed.md",
     "speculative_config": 'speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\'',
     "temperature": "0 = greedy",

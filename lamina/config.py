@@ -202,6 +202,9 @@ class EngineConfig:
     cuda_graph_max_batch_size: int = 256  # decode batches up to this size are captured
     # Launch the next decode step before the current one's tokens reach the host (scheduler.schedule_ahead)
     async_scheduling: bool = True
+    # The Triton kernels of a step launch with programmatic dependent launch on sm_90+ GPUs (each starts while the
+    # one before it finishes: lamina/kernels/pdl.py); False: one after another (KernelChoice.pdl)
+    enable_pdl: bool = True
     # None: off; a SpeculativeConfig, or its fields as a dict or JSON string (vLLM's speculative_config)
     speculative_config: SpeculativeConfig | None = None
     # Tensor parallelism (vLLM's name): the model split over this many ranks, one process per device
@@ -218,6 +221,7 @@ class EngineConfig:
                  f"must be a bool, got {self.enforce_eager!r}")
         _require(isinstance(self.async_scheduling, bool), "async_scheduling",
                  f"must be a bool, got {self.async_scheduling!r}")
+        _require(isinstance(self.enable_pdl, bool), "enable_pdl", f"must be a bool, got {self.enable_pdl!r}")
         size = self.cuda_graph_max_batch_size
         _require(isinstance(size, int) and not isinstance(size, bool) and size > 0,
                  "cuda_graph_max_batch_size", f"must be a positive integer, got {size!r}")

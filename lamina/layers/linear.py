@@ -95,10 +95,16 @@ def weight_major_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 
 class DenseLinear(nn.Linear):
     """An nn.Linear (the same parameters, names and autograd) whose forward goes through small_batch_matmul, so
-    that the small networks beside a model (EAGLE and Medusa heads) take the same few-row paths as its layers."""
+    that the small networks beside a model (EAGLE and Medusa heads) take the same few-row paths as its layers
+    (`kernels`: the model's KernelChoice)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device: Any = None, dtype: Any = None,
+                 kernels: KernelChoice = DEFAULT_KERNELS) -> None:
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.kernels = kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return small_batch_matmul(x, self.weight, self.bias)
+        return small_batch_matmul(x, self.weight, self.bias, self.kernels)
 
 
 class UnquantizedLinearMethod(QuantMethod):

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
-from lamina.config import ModelArch
+from lamina.config import KernelChoice, ModelArch
 from lamina.device import packed_to_device
 from lamina.kv.cache import KVCache, allocate_kv_caches, bind_kv_caches, kv_cache_bytes_per_block
 from lamina.loader.hf_config import load_model_arch
@@ -94,7 +94,7 @@ class DraftModelProposer:
     uses_hidden = False  # propose does not read `hidden`
 
     def __init__(self, model_dir: str, target_arch: ModelArch, dtype: torch.dtype, device: torch.device | str,
-                 attention_backend: str = "auto") -> None:
+                 attention_backend: str = "auto", kernels: KernelChoice = KernelChoice()) -> None:
         try:
             arch = load_model_arch(model_dir)
         except ValueError as exc:
@@ -109,7 +109,8 @@ class DraftModelProposer:
         self.arch = arch
         self.dtype = dtype
         self.device = torch.device(device)
-        self.model = load_model(model_dir, arch, dtype, self.device, attention_backend=attention_backend)
+        self.model = load_model(model_dir, arch, dtype, self.device, attention_backend=attention_backend,
+                                kernels=kernels)
         self.block_size = 0  # set by bind_cache
         self.kv_caches: list[KVCache] = []
         self._fed: dict[str, _Fed] = {}

@@ -36,8 +36,10 @@ from safetensors.torch import load_file
 
 from lamina.attention.backends import get_attention_backend
 from lamina.attention.metadata import AttentionMetadata, get_attention_metadata, set_attention_metadata
+from lamina.config import KernelChoice
 from lamina.device import packed_to_device
 from lamina.kv.cache import KVCache, allocate_kv_caches, bind_kv_caches, kv_cache_bytes_per_block
+from lamina.layers.dispatch import DEFAULT_KERNELS
 from lamina.models.common import CausalLM
 from lamina.models.names import format_names
 from lamina.spec.eagle_head import FIELD, WEIGHTS, EagleHead, read_head_config
@@ -49,10 +51,11 @@ __all__ = ["EagleProposer", "load_head"]
 
 
 def load_head(model_dir: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-              attention_backend: str = "auto") -> tuple[EagleHead, dict]:
-    """The head of a head directory with its weights, loaded strictly (every tensor, nothing else)."""
+              attention_backend: str = "auto", kernels: KernelChoice = DEFAULT_KERNELS) -> tuple[EagleHead, dict]:
+    """The head of a head directory with its weights, loaded strictly (every tensor, nothing else); `kernels`: the
+    target's KernelChoice."""
     cfg, raw = read_head_config(model_dir)
-    head = EagleHead(cfg, get_attention_backend(attention_backend))
+    head = EagleHead(cfg, get_attention_backend(attention_backend, pdl=kernels.pdl), kernels)
     tensors = load_file(f"{model_dir}/{WEIGHTS}")
     expected = head.state_dict()
     unexpected, missing = sorted(set(tensors) - set(expected)), sorted(set(expected) - set(tensors))
@@ -95,7 +98,7 @@ class EagleProposer:
         if max(cfg.aux_hidden_state_layers) >= arch.num_hidden_layers:
             raise ValueError(f"{FIELD}: the EAGLE head in {model_dir!r} reads layers {cfg.aux_hidden_state_layers}"
                              f" (aux_hidden_state_layers), the target has {arch.num_hidden_layers} layers")
-        self.head, _ = load_head(model_dir, device, dtype, attention_backend)
+        self.head, _ = load_head(model_dir, device, dtype, attention_backend, target.kernels)
         self.cfg = cfg
         self.target = target
         self.device = torch.device(device)

@@ -26,6 +26,8 @@ from torch import nn
 
 from lamina.attention.backends import AttentionBackend
 from lamina.attention.layer import Attention
+from lamina.config import KernelChoice
+from lamina.layers.dispatch import DEFAULT_KERNELS
 from lamina.layers.linear import DenseLinear
 from lamina.layers.norm import RMSNorm
 from lamina.layers.rotary import RotaryEmbedding
@@ -93,28 +95,32 @@ def read_head_config(model_dir: str | Path) -> tuple[EagleHeadConfig, dict[str, 
 
 
 class EagleLayer(nn.Module):
-    def __init__(self, cfg: EagleHeadConfig, backend: AttentionBackend | None) -> None:
+    def __init__(self, cfg: EagleHeadConfig, backend: AttentionBackend | None, kernels: KernelChoice) -> None:
         super().__init__()
-        h, d = cfg.hidden_size, cfg.head_dim
+        h, d, eps = cfg.hidden_size, cfg.head_dim, cfg.rms_norm_eps
         self.q_size, self.kv_size = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
-        self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
-        self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
-        self.qkv_proj = DenseLinear(2 * h, self.q_size + 2 * self.kv_size, bias=False)
-        self.o_proj = DenseLinear(self.q_size, h, bias=False)
-        self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
-        self.gate_up_proj = DenseLinear(h, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = DenseLinear(cfg.intermediate_size, h, bias=False)
-        self.rotary_emb = RotaryEmbedding(d, cfg.rope_theta, cfg.max_position_embeddings)
+        self.input_layernorm = RMSNorm(h, eps, kernels)
+        self.hidden_norm = RMSNorm(h, eps, kernels)
+        self.qkv_proj = DenseLinear(2 * h, self.q_size + 2 * self.kv_size, bias=False, kernels=kernels)
+        self.o_proj = DenseLinear(self.q_size, h, bias=False, kernels=kernels)
+        self.post_attention_layernorm = RMSNorm(h, eps, kernels)
+        self.gate_up_proj = DenseLinear(h, 2 * cfg.intermediate_size, bias=False, kernels=kernels)
+        self.down_proj = DenseLinear(cfg.intermediate_size, h, bias=False, kernels=kernels)
+        self.rotary_emb = RotaryEmbedding(d, cfg.rope_theta, cfg.max_position_embeddings, kernels=kernels)
         self.attn = Attention(cfg.num_attention_heads, cfg.num_key_value_heads, d, d ** -0.5, backend)
 
 
 class EagleHead(nn.Module):
-    def __init__(self, cfg: EagleHeadConfig, backend: AttentionBackend | None = None) -> None:
+    """`kernels`: the target's KernelChoice (the head takes the same Triton kernels as its layers)."""
+
+    def __init__(self, cfg: EagleHeadConfig, backend: AttentionBackend | None = None,
+                 kernels: KernelChoice = DEFAULT_KERNELS) -> None:
         super().__init__()
         self.cfg = cfg
-        self.fc = DenseLinear(len(cfg.aux_hidden_state_layers) * cfg.hidden_size, cfg.hidden_size, bias=False)
-        self.midlayer = EagleLayer(cfg, backend)
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.fc = DenseLinear(len(cfg.aux_hidden_state_layers) * cfg.hidden_size, cfg.hidden_size, bias=False,
+                              kernels=kernels)
+        self.midlayer = EagleLayer(cfg, backend, kernels)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, kernels)
 
     def qkv(self, embeds: torch.Tensor, x: torch.Tensor, positions: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

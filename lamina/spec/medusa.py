@@ -26,6 +26,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
+from lamina.config import KernelChoice
+from lamina.layers.dispatch import DEFAULT_KERNELS
 from lamina.layers.linear import DenseLinear
 from lamina.models.common import CausalLM
 from lamina.models.names import format_names
@@ -41,9 +43,9 @@ FIELD = "speculative_config.model"
 class ResBlock(nn.Module):
     """x + SiLU(linear(x)), the linear zero-initialised (the block starts as the identity)."""
 
-    def __init__(self, hidden_size: int) -> None:
+    def __init__(self, hidden_size: int, kernels: KernelChoice = DEFAULT_KERNELS) -> None:
         super().__init__()
-        self.linear = DenseLinear(hidden_size, hidden_size)
+        self.linear = DenseLinear(hidden_size, hidden_size, kernels=kernels)
         nn.init.zeros_(self.linear.weight)
         nn.init.zeros_(self.linear.bias)
 
@@ -52,15 +54,17 @@ class ResBlock(nn.Module):
 
 
 class MedusaHeads(nn.Module):
-    """K heads of `num_layers` ResBlocks each; `forward` gives the LM head's inputs, one per head."""
+    """K heads of `num_layers` ResBlocks each; `forward` gives the LM head's inputs, one per head. `kernels`: the
+    target's KernelChoice."""
 
-    def __init__(self, num_heads: int, hidden_size: int, num_layers: int = 1) -> None:
+    def __init__(self, num_heads: int, hidden_size: int, num_layers: int = 1,
+                 kernels: KernelChoice = DEFAULT_KERNELS) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.hidden_size = hidden_size
         self.num_layers = num_layers
         self.medusa_head = nn.ModuleList(
-            nn.Sequential(*(ResBlock(hidden_size) for _ in range(num_layers))) for _ in range(num_heads))
+            nn.Sequential(*(ResBlock(hidden_size, kernels) for _ in range(num_layers))) for _ in range(num_heads))
 
     def forward(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
         """hidden [..., hidden_size] -> [num_heads, ..., hidden_size] (the first `num_heads` heads; all by default)."""
@@ -99,10 +103,10 @@ def load_medusa_config(model_dir: str | Path) -> dict[str, Any]:
 
 
 def load_heads(model_dir: str | Path, config: dict[str, Any] | None = None, device: torch.device | str = "cpu",
-               dtype: torch.dtype = torch.float32) -> MedusaHeads:
+               dtype: torch.dtype = torch.float32, kernels: KernelChoice = DEFAULT_KERNELS) -> MedusaHeads:
     """Build the heads of a head directory and load their weights strictly (every tensor, nothing else)."""
     config = load_medusa_config(model_dir) if config is None else config
-    heads = MedusaHeads(config["medusa_num_heads"], config["hidden_size"], config["medusa_num_layers"])
+    heads = MedusaHeads(config["medusa_num_heads"], config["hidden_size"], config["medusa_num_layers"], kernels)
     tensors = load_file(str(Path(model_dir, WEIGHTS)))
     expected = heads.state_dict()
     unexpected, missing = sorted(set(tensors) - set(expected)), sorted(set(expected) - set(tensors))
@@ -135,7 +139,7 @@ class MedusaProposer:
             if self.config[key] != theirs:
                 raise ValueError(f"{FIELD}: the Medusa heads in {model_dir!r} have {key} {self.config[key]}, "
                                  f"the target model has {theirs}; heads only fit the model they were trained on")
-        self.heads = load_heads(model_dir, self.config, device, dtype)
+        self.heads = load_heads(model_dir, self.config, device, dtype, target.kernels)
         self.target = target
         self.num_heads = self.heads.num_heads
 

@@ -52,9 +52,9 @@ def make_model_proposer(config: SpeculativeConfig, target: torch.nn.Module, arch
                         device: torch.device, block_size: int, attention_backend: str) -> ModelProposer | None:
     """The worker-side proposer of `config.method` (lamina/spec/model_proposer.py); None for n-gram. One file
     per method here, imported only when used."""
-    if config.method == "draft_model":
+    if config.method == "draft_model":  # the heads below take the target's KernelChoice; the draft model too
         from lamina.spec.draft_model import DraftModelProposer
-        return DraftModelProposer(config.model, arch, dtype, device, attention_backend)
+        return DraftModelProposer(config.model, arch, dtype, device, attention_backend, target.kernels)
     if config.method == "medusa":
         from lamina.spec.medusa import MedusaProposer
         return MedusaProposer(config.model, target, device, dtype)

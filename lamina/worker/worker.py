@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from lamina.config import DEFAULT_CPU_KV_BYTES, EngineConfig, ModelArch
+from lamina.config import DEFAULT_CPU_KV_BYTES, EngineConfig, KernelChoice, ModelArch
 from lamina.device import resolve_device, resolve_dtype
 from lamina.distributed.parallel_state import SINGLE, TensorParallelGroup, building
 from lamina.kernels import compile_counter
@@ -66,7 +66,8 @@ class Worker:
         with building(group):
             self.model = load_model(config.model_config.model, arch, self.dtype, self.device,
                                     load_format=config.model_config.load_format,
-                                    attention_backend=config.attention_backend)
+                                    attention_backend=config.attention_backend,
+                                    kernels=KernelChoice(pdl=config.enable_pdl))
         if self.kv_dtype != self.dtype:  # an fp8 cache: the scales the checkpoint lacks, measured now
             calibrate_kv_scales(self.model, self.rank_arch, self.dtype, self.device)
         elif any(layer.kv_scales_loaded for layer in attention_layers(self.model)):
