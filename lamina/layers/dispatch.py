@@ -12,6 +12,7 @@ until a CUDA tensor asks, so the CPU path never does.
 from __future__ import annotations
 
 import functools
+import importlib
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -30,21 +31,22 @@ DEFAULT_KERNELS = KernelChoice()  # every kernel allowed: what a layer built wit
 
 
 @functools.cache
+def _kernel_module(name: str) -> ModuleType | None:
+    """lamina.kernels.<name>, imported by the first call that asks (it imports triton); None where triton does not
+    import: the layer then keeps its PyTorch / cuBLAS path. The `_*_module` functions below name the ones used
+    (tests replace them)."""
+    try:
+        return importlib.import_module(f"lamina.kernels.{name}")
+    except ImportError:
+        return None
+
+
 def _fused_ops_module() -> ModuleType | None:
-    try:
-        from lamina.kernels import fused_ops
-    except ImportError:  # no triton: the PyTorch path everywhere
-        return None
-    return fused_ops
+    return _kernel_module("fused_ops")
 
 
-@functools.cache
 def _gemv_module() -> ModuleType | None:
-    try:
-        from lamina.kernels import gemv
-    except ImportError:  # no triton: cuBLAS everywhere
-        return None
-    return gemv
+    return _kernel_module("gemv")
 
 
 def on_kernel_device(x: torch.Tensor) -> bool:
@@ -53,13 +55,8 @@ def on_kernel_device(x: torch.Tensor) -> bool:
     return x.is_cuda
 
 
-@functools.cache
 def _pdl_module() -> ModuleType | None:
-    try:
-        from lamina.kernels import pdl
-    except ImportError:  # no triton: no kernels to launch
-        return None
-    return pdl
+    return _kernel_module("pdl")
 
 
 def pdl_for(x: torch.Tensor, kernels: KernelChoice) -> bool:
@@ -142,13 +139,8 @@ def weight_major_for(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return 1 <= rows <= CPU_WEIGHT_MAJOR_MAX_ROWS
 
 
-@functools.cache
 def _token_quant_module() -> ModuleType | None:
-    try:
-        from lamina.kernels import token_quant
-    except ImportError:  # no triton: the PyTorch path
-        return None
-    return token_quant
+    return _kernel_module("token_quant")
 
 
 def token_quant_for(x: torch.Tensor) -> ModuleType | None:
@@ -159,13 +151,8 @@ def token_quant_for(x: torch.Tensor) -> ModuleType | None:
     return _token_quant_module()
 
 
-@functools.cache
 def _fp8_gemm_module() -> ModuleType | None:
-    try:
-        from lamina.kernels import fp8_gemm
-    except ImportError:  # no triton: torch._scaled_mm or the reference path
-        return None
-    return fp8_gemm
+    return _kernel_module("fp8_gemm")
 
 
 @functools.cache
