@@ -10,8 +10,8 @@ Why wna16_gemv is slow at one row: the GEMV should be a pure weight stream (H200
 bytes a 32-bit word with its scales, ~1.1e12 words/s), but the K loop of its default config (n4-kw512-w4,
 sm_90a SASS, `--sass`) issues ~54 instructions per word, twice what 132 SMs can issue at that rate (~3.3e13
 thread-instructions/s): a shared-memory layout conversion of x every tile, an integer division for the group
-index, an FADD per weight on top of its LOP3 and FFMA. wna16_row issues 24-27 per int4 word, 15.5 per int8 word
-(its module docstring has the design).
+index, an FADD per weight on top of its LOP3 and FFMA. wna16_row issues 24-27 per int4 word, 12.0 per int8 word
+(15.5 without PRMT; its module docstring has the design).
 
 Two other designs were swept against it on 2026-12-02 and lost (benchmarks/results/2026-12-02-h200-gemv-variants.json;
 their code is in this script's history, commit 0c91c3e): "kmajor", a GemLite-style [K/8, N] repacked layout with
@@ -326,14 +326,17 @@ def sass_report(args: argparse.Namespace) -> int:
     from lamina.kernels.wna16_gemv import _wna16_gemv_kernel
     from lamina.kernels.wna16_row import _wna16_row_kernel as _rowpair_kernel
 
-    rp4 = dict(BITS=4, XOR=0, GROUP_KW=16, HAS_ZERO=True, HAS_BIAS=False, EVEN_K=True, BLOCK_KW=128, PDL=False)
-    rp8 = dict(rp4, BITS=8, GROUP_KW=1 << 30, HAS_ZERO=False)
+    rp4 = dict(BITS=4, XOR=0, GROUP_KW=16, HAS_ZERO=True, HAS_BIAS=False, EVEN_K=True, BLOCK_KW=128, PDL=False,
+               PRMT=False)
+    rp8 = dict(rp4, BITS=8, GROUP_KW=1 << 30, HAS_ZERO=False, PRMT=True)
     cases = [  # (label, kernel, constexprs, warps, stages, words per thread per main-loop iteration)
         ("current n4-kw512-w4", _wna16_gemv_kernel, dict(M=1, BITS=4, XOR=0, HAS_ZERO=True, HAS_BIAS=False,
                                                          EVEN_K=True, BLOCK_N=4, GROUPS=128, GROUP_W=4), 4, 1, 16),
         ("rowpair int4 n8-w1 pf", _rowpair_kernel, dict(rp4, BLOCK_N=8, IS_SPLIT=True, PREFETCH=True), 1, 1, 32),
         ("rowpair int4 n16-w1", _rowpair_kernel, dict(rp4, BLOCK_N=16, IS_SPLIT=False, PREFETCH=False), 1, 1, 64),
         ("rowpair int8 n8-w1", _rowpair_kernel, dict(rp8, BLOCK_N=8, IS_SPLIT=False, PREFETCH=False), 1, 1, 32),
+        ("rowpair int8 n8-w1 no PRMT", _rowpair_kernel, dict(rp8, BLOCK_N=8, IS_SPLIT=False, PREFETCH=False,
+                                                             PRMT=False), 1, 1, 32),
     ]
     for label, fn, ce, warps, stages, words in cases:
         sig = {a: "constexpr" if a in ce else ptr_types.get(a, "i32") for a in fn.arg_names}

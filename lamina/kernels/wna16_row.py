@@ -22,12 +22,14 @@ registers: one LOP3, and the shift-add is an IMAD on the FMA pipe):
     t2 = t * 65536 + 0x43000000                     float bits = 128 + u[j]   (exact)
 
 then one FFMA per weight (t's u[j] * 2^-16 leak is ~1e-5 of an output; a bf16 ulp is 4e-3). int8: a byte into
-bits 8..15 of 32768.0 reads as 32768 + u. Per 4-word chunk (inside one quantization group) and row:
+bits 8..15 of 32768.0 reads as 32768 + u, one PRMT (byte permute) a byte: PTX inline assembly, so only when
+compiled; the interpreter takes a shift and a LOP3. Per 4-word chunk (inside one quantization group) and row:
 
     acc += s * (sum_k (BASE + u[k]) x[k] - (BASE + OFFSET + z) * sum_k x[k])        BASE 128 / 32768
 
-sm_90 SASS (ahead of time, scripts/wna16_gemv_variants.py --sass): 24-27 instructions per int4 word, 15.5 per
-int8 word, against ~54 for lamina.kernels.wna16_gemv (which converts x's layout through shared memory).
+sm_90 SASS (ahead of time, scripts/wna16_gemv_variants.py --sass): 24-27 instructions per int4 word, 12.0 per
+int8 word (15.5 with shifts and LOP3s instead of PRMTs), against ~54 for lamina.kernels.wna16_gemv (which converts
+x's layout through shared memory).
 
 Split K (grid (cdiv(N, BLOCK_N), split), split a runtime argument: one compile for every count > 1): program
 (i, j) walks the j-th of `split` runs of whole tiles (a run past K adds zeros) and writes fp32 partials to a
@@ -47,6 +49,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
 from lamina.kernels import pdl
 from lamina.kernels.wna16_gemv import CHANNEL_GROUP, INTERPRETER_SMS, check_inputs, num_sms
@@ -175,12 +178,34 @@ def _int4_word(acc, w, p0, p1, p2, p3, magic, m16):
 
 
 @triton.jit
-def _int8_word(acc, w, p0, p1, magic8):
-    """acc + sum_j (32768 + u_j) x_j over the 4 bytes u_j of each word (x_0..x_3 in the bf16 pairs p0, p1)."""
-    acc += (((w << 8) & 0xFF00) | magic8).to(tl.float32, bitcast=True) * _lo(p0)
-    acc += ((w & 0xFF00) | magic8).to(tl.float32, bitcast=True) * _hi(p0)
-    acc += (((w >> 8) & 0xFF00) | magic8).to(tl.float32, bitcast=True) * _lo(p1)
-    acc += (((w >> 16) & 0xFF00) | magic8).to(tl.float32, bitcast=True) * _hi(p1)
+def _byte_float(w, magic8, J: tl.constexpr):
+    """32768 + byte J of w as float32, in one PRMT: selector 0x75J4 takes magic8's byte 0, w's byte J, then
+    magic8's bytes 1 and 3 (bytes 4..7 of the pair are magic8's)."""
+    if J == 0:
+        asm: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7504;"
+    elif J == 1:
+        asm: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7514;"
+    elif J == 2:
+        asm: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7524;"
+    else:
+        asm: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7534;"
+    return tl.inline_asm_elementwise(asm, "=r,r,r", [w, magic8], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _int8_word(acc, w, p0, p1, magic8, PRMT: tl.constexpr):
+    """acc + sum_j (32768 + u_j) x_j over the 4 bytes u_j of each word (x_0..x_3 in the bf16 pairs p0, p1): one
+    PRMT a byte when compiled (PRMT), a shift and a LOP3 under the interpreter (no inline assembly there)."""
+    if PRMT:
+        acc += _byte_float(w, magic8, 0) * _lo(p0)
+        acc += _byte_float(w, magic8, 1) * _hi(p0)
+        acc += _byte_float(w, magic8, 2) * _lo(p1)
+        acc += _byte_float(w, magic8, 3) * _hi(p1)
+    else:
+        acc += (((w << 8) & 0xFF00) | magic8).to(tl.float32, bitcast=True) * _lo(p0)
+        acc += ((w & 0xFF00) | magic8).to(tl.float32, bitcast=True) * _hi(p0)
+        acc += (((w >> 8) & 0xFF00) | magic8).to(tl.float32, bitcast=True) * _lo(p1)
+        acc += (((w >> 16) & 0xFF00) | magic8).to(tl.float32, bitcast=True) * _hi(p1)
     return acc
 
 
@@ -229,7 +254,7 @@ def _wna16_row_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_pt
                       stride_wn, stride_sn, stride_zn, magic, m16,
                       BITS: tl.constexpr, XOR: tl.constexpr, GROUP_KW: tl.constexpr, HAS_ZERO: tl.constexpr,
                       HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
-                      IS_SPLIT: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):
+                      IS_SPLIT: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, PRMT: tl.constexpr):
     """x_ptr: x as int32 bf16 pairs [K / 2]; GROUP_KW: words per quantization group (a multiple of 4). Rows past
     N are clamped for the loads, masked at the store; K tiles are masked only when BLOCK_KW does not divide KW."""
     C: tl.constexpr = BLOCK_KW // 4  # 4-word chunks per tile
@@ -282,7 +307,7 @@ def _wna16_row_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_pt
                 if BITS == 4:
                     part = _int4_word(part, wq[v], xq[4 * v], xq[4 * v + 1], xq[4 * v + 2], xq[4 * v + 3], magic, m16)
                 else:
-                    part = _int8_word(part, wq[v], xq[2 * v], xq[2 * v + 1], magic)
+                    part = _int8_word(part, wq[v], xq[2 * v], xq[2 * v + 1], magic, PRMT)
             if EVEN_K:
                 s = tl.load(s_ptr + rptr[r] * stride_sn + g).to(tl.float32)
             else:
@@ -338,10 +363,12 @@ def wna16_row_gemv(x: torch.Tensor, words: torch.Tensor, scale: torch.Tensor, ze
     split = min(cfg.split, triton.cdiv(kw, cfg.block_kw))
     ws, cnt = workspace(x.device, n, split, blocks) if split > 1 else (out, out)  # never read unsplit
     z = scale if zero_point is None else zero_point  # never read without HAS_ZERO
+    prmt = x.is_cuda and not isinstance(_wna16_row_kernel, InterpretedFunction)  # PTX inline assembly
     _wna16_row_kernel[(blocks, split)](
         row.view(torch.int32), words, scale, z, out if bias is None else bias, out, ws, cnt, n, kw, split,
         words.stride(0), scale.stride(0), z.stride(0), MAGIC4 if num_bits == 4 else MAGIC8, 65536,
         BITS=num_bits, XOR=xor, GROUP_KW=group_words(num_bits, group_size), HAS_ZERO=zero_point is not None,
         HAS_BIAS=bias is not None, EVEN_K=kw % cfg.block_kw == 0, BLOCK_N=cfg.block_n, BLOCK_KW=cfg.block_kw,
-        IS_SPLIT=split > 1, PREFETCH=cfg.prefetch, PDL=pdl, num_warps=cfg.num_warps, num_stages=1, launch_pdl=pdl)
+        IS_SPLIT=split > 1, PREFETCH=cfg.prefetch, PDL=pdl, PRMT=prmt, num_warps=cfg.num_warps, num_stages=1,
+        launch_pdl=pdl)
     return out

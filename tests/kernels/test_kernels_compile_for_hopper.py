@@ -112,7 +112,7 @@ PDL_SCRIPT = textwrap.dedent('''
                                                  BLOCK_K=4096), types, num_warps=8)
     ops_in_order("wna16_row", wna16_row._wna16_row_kernel,
                  dict(BITS=8, XOR=0, GROUP_KW=1 << 30, HAS_ZERO=False, HAS_BIAS=False, EVEN_K=True, BLOCK_N=4,
-                      BLOCK_KW=128, IS_SPLIT=True, PREFETCH=True),
+                      BLOCK_KW=128, IS_SPLIT=True, PREFETCH=True, PRMT=True),
                  dict(types, x_ptr="*i32", w_ptr="*i32", s_ptr="*bf16", z_ptr="*i8", cnt_ptr="*i32"), num_warps=1)
     ops_in_order("rms_norm", fused_ops._rms_norm_kernel, dict(HAS_RESIDUAL=True, BLOCK=4096), types, num_warps=8)
     ops_in_order("rotary", fused_ops._rotary_kernel, dict(BLOCK=64), types, num_warps=1)
@@ -147,3 +147,45 @@ def test_pdl_kernels_wait_before_they_touch_what_the_kernel_before_writes() -> N
         wait = ops.index("griddepcontrol.wait")
         assert ops[:wait] == BEFORE_WAIT[name], (name, ops)
         assert ops.count("griddepcontrol.launch_dependents") == 1, (name, ops)
+
+
+PRMT_SCRIPT = textwrap.dedent('''
+    import re
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from lamina.kernels import wna16_row
+
+    fn = wna16_row._wna16_row_kernel
+    constexprs = dict(BITS=8, XOR=0, GROUP_KW=1 << 30, HAS_ZERO=False, HAS_BIAS=False, EVEN_K=True, BLOCK_N=1,
+                      BLOCK_KW=128, IS_SPLIT=False, PREFETCH=False, PDL=False, PRMT=True)
+    types = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*i8", "b_ptr": "*bf16",
+             "out_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
+    signature = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in fn.arg_names}
+    ptx = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+                         target=GPUTarget("cuda", 90, 32), options=dict(num_warps=1)).asm["ptx"]
+    print(" ".join(re.findall(r"prmt\\.b32\\s+[^;]*,\\s*(0x[0-9a-fA-F]+);", ptx)))
+''')
+
+
+def _prmt(a: int, b: int, selector: int) -> int:
+    """PTX prmt.b32 in its default mode: byte i of the result is byte (selector >> 4i) & 7 of b:a (sign bit 0)."""
+    pool = (b << 32 | a).to_bytes(8, "little")
+    assert all(not (selector >> 4 * i) & 8 for i in range(4)), "sign-replicating selectors are not used"
+    return int.from_bytes(bytes(pool[(selector >> 4 * i) & 7] for i in range(4)), "little")
+
+
+def test_int8_gemv_unpacks_each_byte_with_one_prmt() -> None:
+    """Compiled for sm_90, the int8 weight-only GEMV turns each weight byte into 32768 + u with one PRMT: one
+    selector per byte position, each giving the bits the interpreter's shift-and-LOP3 path gives."""
+    from lamina.kernels.wna16_row import MAGIC8
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", PRMT_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    selectors = sorted({int(s, 16) for s in done.stdout.split()})
+    assert len(selectors) == 4, done.stdout
+    words = [0, 0xFFFFFFFF, 0x80808080, 0x7F00FF01, 0x12345678, 0xDEADBEEF]
+    for j, selector in enumerate(selectors):
+        for w in words:
+            assert _prmt(w, MAGIC8, selector) == ((w >> 8 * j) & 0xFF) << 8 | MAGIC8, (hex(selector), hex(w))
