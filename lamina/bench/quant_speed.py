@@ -4,11 +4,13 @@
     python -m lamina.bench.quant_speed --tiny        # any machine: interpreter, tiny shapes, a tiny model
 
 (a) Kernels, 1..4 rows of x (bf16), each Llama-3-8B linear shape: cuBLAS (F.linear) and lamina's bf16 GEMV on
-    a bf16 weight, the int4 GEMV (g128, asymmetric: rtn4's scheme) and the int8 GEMV (per channel, symmetric:
-    the int8 recipe's) on random packed words. Timed as lamina.bench.gemv_sweep times: a CUDA graph of >= 16
-    calls rotating weight copies through > 256 MB (every call streams from HBM), do_bench median. GB/s counts
+    a bf16 weight, and on random packed words the int4 (g128, asymmetric: rtn4's scheme) and int8 (per channel,
+    symmetric: the int8 recipe's) kernel that the engine runs at that many rows (lamina.quant.wna16.decode_kernel:
+    wna16_row at one row, wna16_mma at 2..4; the table names it). Timed as lamina.bench.gemv_sweep times: a CUDA
+    graph of >= 16 calls rotating weight copies through > 256 MB (every call streams from HBM), do_bench median.
+    GB/s counts
     the bytes a call must read (weights, scales, zero points). Each quantized kernel is checked against the
-    reference path (dequantize + F.linear) first. Also: the int4 GEMV's candidate configs at 1 row (best vs
+    reference path (dequantize + F.linear) first. Also: wna16_gemv's int4 candidate configs at 1 row (best vs
     default), and the int4 GEMM against cuBLAS bf16 at prefill sizes.
 (b) Engine: greedy decode tok/s of a Llama-3-8B-shape model on dummy weights (load_format="dummy" draws valid
     random integers and scales for quantized layers), bf16 vs int4 (rtn4, g128) vs int8, every linear layer
@@ -80,6 +82,7 @@ def kernel_shape(name: str, n: int, k: int, device: str, args: argparse.Namespac
     from lamina.kernels.gemv import gemv
     from lamina.kernels.wna16_gemm import wna16_gemm, wna16_matmul
     from lamina.kernels.wna16_gemv import CANDIDATE_CONFIGS, default_config, num_sms, wna16_gemv
+    from lamina.quant.wna16 import decode_kernel
 
     gen = torch.Generator(device=device).manual_seed(0)
     bf16_bytes = n * k * 2
@@ -105,9 +108,11 @@ def kernel_shape(name: str, n: int, k: int, device: str, args: argparse.Namespac
         r: dict[str, Any] = dict(cublas_us=_time([lambda w=w: F.linear(x, w) for w in order], device, args),
                                  gemv_bf16_us=_time([lambda w=w: gemv(x, w) for w in order], device, args))
         for qname, ops in quant.items():
-            ok = _close(q_call(wna16_gemv, x, ops[0]), reference(x, ops[0], k))
-            us = _time([lambda op=op: q_call(wna16_gemv, x, op) for op in ops], device, args)
-            r.update({f"{qname}_us": us, f"{qname}_gbs": row[f"{qname}_bytes"] / us / 1e3, f"{qname}_ok": ok})
+            fn = decode_kernel(m, k, ops[0]["bits"], ops[0]["group_size"], x.dtype)
+            ok = _close(q_call(fn, x, ops[0]), reference(x, ops[0], k))
+            us = _time([lambda op=op: q_call(fn, x, op) for op in ops], device, args)
+            r.update({f"{qname}_us": us, f"{qname}_gbs": row[f"{qname}_bytes"] / us / 1e3, f"{qname}_ok": ok,
+                      f"{qname}_kernel": getattr(fn, "func", fn).__name__})
         best_bf16 = min(r["cublas_us"], r["gemv_bf16_us"])
         r.update(cublas_gbs=bf16_bytes / r["cublas_us"] / 1e3, int4_speedup=best_bf16 / r["int4_us"],
                  int8_speedup=best_bf16 / r["int8_us"])
@@ -195,14 +200,14 @@ def table(report: dict[str, Any]) -> str:
                 lines.append(f"{row['shape']:<8} {m:>4} | {r['cublas_us']:>9.1f} {r['cublas_gbs']:>6.0f} "
                              f"{r['gemv_bf16_us']:>8.1f} | {r['int4_us']:>8.1f} {r['int4_gbs']:>6.0f} "
                              f"{r['int4_speedup']:>5.2f}x | {r['int8_us']:>8.1f} {r['int8_gbs']:>6.0f} "
-                             f"{r['int8_speedup']:>5.2f}x | {r['int4_ok'] and r['int8_ok']}")
+                             f"{r['int8_speedup']:>5.2f}x | {r['int4_ok'] and r['int8_ok']} {r['int4_kernel']}")
         for row in report["kernels"]:
             c = row["int4_configs"]
             best = c["results"].get(c["best"] or "", {})
             gemm = ", ".join(f"M={m}: int4 {g['int4_us']:.0f} / dequant+cuBLAS {g['dequant_us']:.0f} "
                              f"vs {g['cublas_us']:.0f} us"
                              f"{'' if g['ok'] else ' WRONG'}" for m, g in row["gemm"].items())
-            lines.append(f"{row['shape']:<8} int4 GEMV default {c['default']} "
+            lines.append(f"{row['shape']:<8} int4 wna16_gemv default {c['default']} "
                          f"{c['results'][c['default']].get('us', float('nan')):.1f} us, best {c['best']} "
                          f"{best.get('us', float('nan')):.1f} us | GEMM {gemm}")
     engine = report.get("engine")

@@ -101,6 +101,15 @@ def _kernel(kernels: tuple[ModuleType, ...], rows: int, k: int, num_bits: int, g
     return gemm.wna16_matmul
 
 
+def decode_kernel(rows: int, k: int, num_bits: int, group_size: int | None,
+                  dtype: torch.dtype) -> Callable[..., torch.Tensor]:
+    """The kernel function kernel_for runs for `rows` rows of x (decode-sized kernels allowed, no PDL), for
+    benchmarks; imports triton."""
+    kernels = _wna16_kernels()
+    assert kernels is not None, "the W4A16 / W8A16 kernels need triton"
+    return _kernel(kernels, rows, k, num_bits, group_size, dtype, small=True, pdl=False)
+
+
 @functools.cache
 def _wna16_kernels() -> tuple[ModuleType, ModuleType, ModuleType, ModuleType] | None:
     """(wna16_gemv, wna16_mma, wna16_gemm, wna16_row), imported on the first call (they import triton)."""

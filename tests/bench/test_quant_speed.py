@@ -69,5 +69,7 @@ def test_kernel_part_runs_under_the_interpreter(tmp_path: Path) -> None:
     assert set(row["rows"]) == {"1", "3"}
     assert all(r["int4_ok"] and r["int8_ok"] for r in row["rows"].values())
     assert row["gemm"]["9"]["ok"] and row["int4_configs"]["best"] is not None
-    assert "int4 GEMV default" in done.stdout
+    assert "int4 wna16_gemv default" in done.stdout
+    # the kernel the engine runs at each row count
+    assert row["rows"]["1"]["int4_kernel"] == "wna16_row_gemv" and row["rows"]["3"]["int8_kernel"] == "wna16_mma"
     assert torch.isfinite(torch.tensor(row["rows"]["1"]["int4_us"]))
