@@ -8,10 +8,9 @@
     symmetric: the int8 recipe's) kernel that the engine runs at that many rows (lamina.quant.wna16.decode_kernel:
     wna16_row at one row, wna16_mma at 2..4; the table names it). Timed as lamina.bench.gemv_sweep times: a CUDA
     graph of >= 16 calls rotating weight copies through > 256 MB (every call streams from HBM), do_bench median.
-    GB/s counts
-    the bytes a call must read (weights, scales, zero points). Each quantized kernel is checked against the
-    reference path (dequantize + F.linear) first. Also: wna16_gemv's int4 candidate configs at 1 row (best vs
-    default), and the int4 GEMM against cuBLAS bf16 at prefill sizes.
+    GB/s counts the bytes a call must read (weights, scales, zero points). Each quantized kernel is checked
+    against the reference path (dequantize + F.linear) first. Also: wna16_gemv's int4 candidate configs at 1 row
+    (best vs default), and the int4 GEMM against cuBLAS bf16 at prefill sizes.
 (b) Engine: greedy decode tok/s of a Llama-3-8B-shape model on dummy weights (load_format="dummy" draws valid
     random integers and scales for quantized layers), bf16 vs int4 (rtn4, g128) vs int8, every linear layer
     quantized, the LM head included, at batch 1 and BATCH requests at once (every linear layer then multiplies
