@@ -3,6 +3,7 @@
     python -m lamina.bench.offline --workload w1 --shape qwen3-0.6b --peer hf --result-file w1.json
     python -m lamina.bench.offline --workload w2 --shape llama3-8b --peer hf --result-file w2.json
     python -m lamina.bench.offline --workload w1 --dry-run     # CPU, tiny shape, few requests
+    python -m lamina.bench.offline --workload w2 --no-enable-pdl   # the same tree with PDL off (an A/B)
 
 The shape's config.json is written to a temp dir and loaded with load_format="dummy" (random
 weights: speed does not depend on their values). See ../shared/BENCHMARKS.md for the workloads.
@@ -80,7 +81,8 @@ def make_llm(config_path: Path, args: argparse.Namespace, enforce_eager: bool = 
     return LLM(model=str(config_path), load_format="dummy", skip_tokenizer_init=True, dtype=args.dtype,
                device=args.device, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                max_num_batched_tokens=args.max_num_batched_tokens, enforce_eager=enforce_eager,
-               kv_cache_memory_bytes=args.kv_cache_memory_bytes, kv_cache_dtype=args.kv_cache_dtype)
+               kv_cache_memory_bytes=args.kv_cache_memory_bytes, kv_cache_dtype=args.kv_cache_dtype,
+               enable_pdl=args.enable_pdl)
 
 
 def weight_bytes(llm: LLM) -> int:
@@ -191,6 +193,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="default: the engine's for the device")
     parser.add_argument("--max-model-len", type=int, default=None, help="default: the engine's")
     parser.add_argument("--kv-cache-dtype", default="auto", help="auto | fp8 (the engine argument)")
+    parser.add_argument("--no-enable-pdl", dest="enable_pdl", action="store_false",
+                        help="the engine argument enable_pdl=False (kernels launched without PDL)")
     args = parser.parse_args(argv)
     args.command = "python -m lamina.bench.offline " + " ".join(argv if argv is not None else sys.argv[1:])
     args.num_requests, args.max_len, args.w2_prompt_len, args.w2_new_tokens = 256, 1024, 128, 256

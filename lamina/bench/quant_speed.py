@@ -170,7 +170,7 @@ def engine_decode(scheme: str | None, args: argparse.Namespace, workdir: Path) -
     start = time.perf_counter()
     llm = LLM(model=str(path), load_format="dummy", skip_tokenizer_init=True, dtype=args.dtype, device=args.device,
               max_model_len=args.max_model_len, max_num_seqs=BATCH, max_num_batched_tokens=args.max_model_len,
-              kv_cache_memory_bytes=args.kv_bytes)
+              kv_cache_memory_bytes=args.kv_bytes, enable_pdl=args.enable_pdl)
     startup = time.perf_counter() - start
     prompt = [(7 * i + 3) % 10000 for i in range(args.prompt_len)]
     decode_timing(llm, prompt, 2)  # warm-up
@@ -238,6 +238,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=float, default=300.0,
                         help="past this many seconds, the remaining shapes skip the config sweep and the GEMM")
     parser.add_argument("--new-tokens", type=int, default=256, help="engine: greedy tokens per timed request")
+    parser.add_argument("--no-enable-pdl", dest="enable_pdl", action="store_false",
+                        help="engine: the engine argument enable_pdl=False (kernels launched without PDL)")
     parser.add_argument("--warmup-ms", type=int, default=5)
     parser.add_argument("--rep-ms", type=int, default=25)
     args = parser.parse_args(argv)

@@ -6,7 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from lamina.bench.offline import SHAPES, W1_EXPECTED_OUTPUT_TOKENS, main, w1_requests, write_config
+from lamina.bench import quant_speed
+from lamina.bench.offline import (SHAPES, W1_EXPECTED_OUTPUT_TOKENS, main, make_llm, parse_args, w1_requests,
+                                   write_config)
+from lamina.layers.dispatch import KernelChoice
 from lamina.loader.hf_config import load_model_arch
 
 
@@ -48,3 +51,16 @@ def test_w2_dry_run_with_hf_peer(tmp_path: Path) -> None:
     assert lamina["startup_to_first_token_s"] >= lamina["startup_s"] > 0
     assert lamina["cuda_graphs"] is False and report["lamina_eager"]["enforce_eager"] is True
     assert report["peer"]["name"].startswith("hf transformers") and report["peer"]["decode_tok_per_s"] > 0
+
+
+@pytest.mark.parametrize("flags,pdl", [([], True), (["--no-enable-pdl"], False)])
+def test_no_enable_pdl_reaches_the_engine(tmp_path: Path, flags: list[str], pdl: bool) -> None:
+    """`--no-enable-pdl` (offline, and so w1_sweep; quant_speed) is the engine argument enable_pdl=False: the model's
+    layers are built with KernelChoice(pdl=False), as the same tree A/B-compares PDL."""
+    args = parse_args(["--workload", "w2", "--dry-run", *flags])
+    assert quant_speed.parse_args(["--tiny", *flags]).enable_pdl is pdl
+    llm = make_llm(write_config(args.shape, tmp_path), args)
+    model = llm.engine.executor.worker.model
+    choices = {m.kernels.pdl for m in model.modules() if isinstance(getattr(m, "kernels", None), KernelChoice)}
+    assert choices == {pdl}
+    llm.engine.check_integrity()
