@@ -9,7 +9,8 @@
 1. Every kernel (store, prefill, decode, the backend on a mixed batch) against torch_ref on random
    inputs at real shapes (head_dim 64..256, GQA 1..8, bf16 / fp16 / fp32, chunk offsets, 1 + k
    verification, several splits), with NaN-poisoned caches and outputs (tests/kernels/cases.py);
-   the fused small ops and the GEMV against the layers' PyTorch path at Qwen3-0.6B / Llama-3-8B shapes.
+   the fused small ops and the GEMV against the layers' PyTorch path at Qwen3-0.6B / Llama-3-8B shapes, and
+   the greedy argmax against torch.argmax at their vocabularies.
 2. W5 (see ../shared/BENCHMARKS.md), timed with triton.testing.do_bench (median):
    prefill: causal, head_dim 128, 32 q / 8 KV heads, 16k tokens in sequences of 512..8192 plus
    ragged batches; TFLOP/s = 2 * H * D * sum(n * (n + 1)) / s, against SDPA (flash, K/V expanded to
@@ -161,7 +162,25 @@ def op_checks(device: str) -> list[dict[str, Any]]:
             inter_run = inter if device == "cuda" else 48
             act, silu = randn(t, 2 * inter_run), SiluAndMul(reference)
             record(f"silu_and_mul {t}x{inter_run}", fused_ops.silu_and_mul(act), silu(act))
-    return rows + gemv_checks(device, dtype)
+    return rows + gemv_checks(device, dtype) + argmax_checks(device)
+
+
+def argmax_checks(device: str) -> list[dict[str, Any]]:
+    """Greedy sampling's two-pass argmax at the Qwen3 / Llama-3 vocabularies, 1 and 8 rows, float32 and bf16 logits
+    (bf16: many ties, the first column must win), against torch.argmax: every index exactly."""
+    import torch
+
+    from lamina.kernels.argmax import argmax
+    gen = torch.Generator(device).manual_seed(2)
+    rows = []
+    for vocab in [151936, 128256] if device == "cuda" else [5000]:
+        for b in (1, 8):
+            for dtype in (torch.float32, torch.bfloat16):
+                logits = (4 * torch.randn(b, vocab, generator=gen, device=device)).to(dtype)
+                got, want = argmax(logits), logits.argmax(dim=-1)
+                rows.append(dict(name=f"argmax {b}x{vocab} {str(dtype).split('.')[-1]}",
+                                 ok=bool(torch.equal(got, want)), max_abs_err=float((got != want).sum().item())))
+    return rows
 
 
 def gemv_checks(device: str, dtype: Any) -> list[dict[str, Any]]:

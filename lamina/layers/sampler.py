@@ -6,7 +6,8 @@ Order of processing (vLLM's):
         │
         ├─ min_tokens mask (EOS / stop ids -> -inf)
         ├─ repetition penalty (prompt + output tokens), frequency & presence penalties (output tokens)
-        ├─ greedy rows: argmax                     (all greedy: nothing else runs, no softmax)
+        ├─ greedy rows: argmax                     (all greedy: nothing else runs, no softmax; CUDA: a
+        │                                            two-pass Triton argmax, lamina/kernels/argmax.py)
         └─ random rows: / temperature -> top-k -> top-p -> min-p -> exponential race
 
 The exponential race picks argmax(p_i / q_i) with q_i ~ Exp(1), which samples i with probability p_i.
@@ -76,14 +77,21 @@ class Sampler(nn.Module):
 
     def _sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
         if metadata.all_greedy:
-            return logits.argmax(dim=-1)
+            return greedy_tokens(logits)
         if metadata.seeds is not None:  # the caller chose the kernel (uses_sampling_kernel) and keyed the rows
             return sample_with_kernel(_load_sampling_kernels(), logits, metadata)
         probs = random_probs(logits, metadata)
         random = exponential_race(probs, metadata.generators, self.generator)
         if metadata.all_random:
             return random
-        return torch.where(metadata.greedy_mask, logits.argmax(dim=-1), random)
+        return torch.where(metadata.greedy_mask, greedy_tokens(logits), random)
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax (its first largest logit): on CUDA the two-pass Triton kernel (lamina.kernels.argmax: torch's
+    reduces a row in one block, 27 us at a 128k vocabulary on the H200), else torch.argmax."""
+    kernel = _load_argmax_kernel() if logits.is_cuda and logits.stride(-1) == 1 else None
+    return logits.argmax(dim=-1) if kernel is None else kernel.argmax(logits)
 
 
 @functools.cache
@@ -93,6 +101,15 @@ def _load_sampling_kernels() -> ModuleType | None:
     except ImportError:  # no triton: the torch path
         return None
     return sampling
+
+
+@functools.cache
+def _load_argmax_kernel() -> ModuleType | None:
+    try:
+        from lamina.kernels import argmax
+    except ImportError:  # no triton: torch.argmax
+        return None
+    return argmax
 
 
 def uses_sampling_kernel(device: torch.device) -> bool:
