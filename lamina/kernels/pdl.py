@@ -53,10 +53,16 @@ def wait(PDL: tl.constexpr):
         tl.extra.cuda.gdc_wait()
 
 
+def compiled(x: torch.Tensor) -> bool:
+    """Whether Triton kernels over x run compiled for the GPU, where PTX is available (griddepcontrol here, inline
+    assembly in lamina.kernels.wna16_row): x on CUDA and the kernels not decorated under the interpreter."""
+    return x.is_cuda and not isinstance(wait, InterpretedFunction)
+
+
 def supported(x: torch.Tensor) -> bool:
     """Whether kernels over x can launch with PDL: x on a CUDA device of compute capability 9.0 or later, torch
     built with CUDA MIN_CUDA or later, and the kernels compiled (the interpreter has no griddepcontrol, even for
     CUDA tensors)."""
-    if not x.is_cuda or isinstance(wait, InterpretedFunction):
+    if not compiled(x):
         return False
     return _device_supports(x.device.index if x.device.index is not None else torch.cuda.current_device())

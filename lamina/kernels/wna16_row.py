@@ -49,9 +49,9 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
 from lamina.kernels import pdl
+from lamina.kernels.pdl import compiled
 from lamina.kernels.wna16_gemv import CHANNEL_GROUP, INTERPRETER_SMS, check_inputs, num_sms
 
 MAGIC4 = 0x43000000  # float32 128.0: a nibble at bits 16..19 reads as 128 + u
@@ -363,12 +363,11 @@ def wna16_row_gemv(x: torch.Tensor, words: torch.Tensor, scale: torch.Tensor, ze
     split = min(cfg.split, triton.cdiv(kw, cfg.block_kw))
     ws, cnt = workspace(x.device, n, split, blocks) if split > 1 else (out, out)  # never read unsplit
     z = scale if zero_point is None else zero_point  # never read without HAS_ZERO
-    prmt = x.is_cuda and not isinstance(_wna16_row_kernel, InterpretedFunction)  # PTX inline assembly
     _wna16_row_kernel[(blocks, split)](
         row.view(torch.int32), words, scale, z, out if bias is None else bias, out, ws, cnt, n, kw, split,
         words.stride(0), scale.stride(0), z.stride(0), MAGIC4 if num_bits == 4 else MAGIC8, 65536,
         BITS=num_bits, XOR=xor, GROUP_KW=group_words(num_bits, group_size), HAS_ZERO=zero_point is not None,
         HAS_BIAS=bias is not None, EVEN_K=kw % cfg.block_kw == 0, BLOCK_N=cfg.block_n, BLOCK_KW=cfg.block_kw,
-        IS_SPLIT=split > 1, PREFETCH=cfg.prefetch, PDL=pdl, PRMT=prmt, num_warps=cfg.num_warps, num_stages=1,
+        IS_SPLIT=split > 1, PREFETCH=cfg.prefetch, PDL=pdl, PRMT=compiled(x), num_warps=cfg.num_warps, num_stages=1,
         launch_pdl=pdl)
     return out

@@ -31,10 +31,10 @@ DEFAULT_KERNELS = KernelChoice()  # every kernel allowed: what a layer built wit
 
 
 @functools.cache
-def _kernel_module(name: str) -> ModuleType | None:
+def kernel_module(name: str) -> ModuleType | None:
     """lamina.kernels.<name>, imported by the first call that asks (it imports triton); None where triton does not
     import: the layer then keeps its PyTorch / cuBLAS path. The `_*_module` functions below name the ones used
-    (tests replace them)."""
+    (tests replace them); the sampler loads its kernels here too."""
     try:
         return importlib.import_module(f"lamina.kernels.{name}")
     except ImportError:
@@ -42,11 +42,11 @@ def _kernel_module(name: str) -> ModuleType | None:
 
 
 def _fused_ops_module() -> ModuleType | None:
-    return _kernel_module("fused_ops")
+    return kernel_module("fused_ops")
 
 
 def _gemv_module() -> ModuleType | None:
-    return _kernel_module("gemv")
+    return kernel_module("gemv")
 
 
 def on_kernel_device(x: torch.Tensor) -> bool:
@@ -56,7 +56,7 @@ def on_kernel_device(x: torch.Tensor) -> bool:
 
 
 def _pdl_module() -> ModuleType | None:
-    return _kernel_module("pdl")
+    return kernel_module("pdl")
 
 
 def pdl_for(x: torch.Tensor, kernels: KernelChoice) -> bool:
@@ -140,7 +140,7 @@ def weight_major_for(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def _token_quant_module() -> ModuleType | None:
-    return _kernel_module("token_quant")
+    return kernel_module("token_quant")
 
 
 def token_quant_for(x: torch.Tensor) -> ModuleType | None:
@@ -152,7 +152,7 @@ def token_quant_for(x: torch.Tensor) -> ModuleType | None:
 
 
 def _fp8_gemm_module() -> ModuleType | None:
-    return _kernel_module("fp8_gemm")
+    return kernel_module("fp8_gemm")
 
 
 @functools.cache

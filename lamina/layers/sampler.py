@@ -24,7 +24,6 @@ When the model runner keys the rows for it (`SamplingMetadata.seeds`: CUDA with 
 """
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -32,6 +31,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from lamina.layers.dispatch import kernel_module
 from lamina.layers.sampling_metadata import MinTokensMask, PenaltyTensors, SamplingMetadata
 from lamina.outputs import Logprob
 
@@ -94,22 +94,12 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1) if kernel is None else kernel.argmax(logits)
 
 
-@functools.cache
 def _load_sampling_kernels() -> ModuleType | None:
-    try:
-        from lamina.kernels import sampling
-    except ImportError:  # no triton: the torch path
-        return None
-    return sampling
+    return kernel_module("sampling")  # None without triton: the torch path
 
 
-@functools.cache
 def _load_argmax_kernel() -> ModuleType | None:
-    try:
-        from lamina.kernels import argmax
-    except ImportError:  # no triton: torch.argmax
-        return None
-    return argmax
+    return kernel_module("argmax")  # None without triton: torch.argmax
 
 
 def uses_sampling_kernel(device: torch.device) -> bool:

@@ -38,6 +38,7 @@ from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
 from lamina.config import KernelChoice, ModelArch
 from lamina.device import packed_to_device
 from lamina.kv.cache import KVCache, allocate_kv_caches, bind_kv_caches, kv_cache_bytes_per_block
+from lamina.layers.dispatch import DEFAULT_KERNELS
 from lamina.loader.hf_config import load_model_arch
 from lamina.loader.model_loader import load_model
 from lamina.spec.draft_loop import (CatchUp, DraftLoop, HostCopy, ModelNet, block_table, slot_mapping,
@@ -94,7 +95,7 @@ class DraftModelProposer:
     uses_hidden = False  # propose does not read `hidden`
 
     def __init__(self, model_dir: str, target_arch: ModelArch, dtype: torch.dtype, device: torch.device | str,
-                 attention_backend: str = "auto", kernels: KernelChoice = KernelChoice()) -> None:
+                 attention_backend: str = "auto", kernels: KernelChoice = DEFAULT_KERNELS) -> None:
         try:
             arch = load_model_arch(model_dir)
         except ValueError as exc:
