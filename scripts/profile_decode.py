@@ -2,13 +2,15 @@
 
     python scripts/profile_decode.py [--shape qwen3-0.6b] [--steps 32] [--scheme bf16|int4|int8|fp8]
                                      [--batch 1] [--prompt-len 128] [--kv-cache-dtype auto] [--result-file F]
+                                     [--no-enable-pdl]
 
 Runs torch.profiler over `--steps` decode steps after a warm-up and prints the top ops by CUDA time
 and by CPU time, plus wall ms per step and how much of it the host spends waiting for the device's
 tokens, so host overhead and GPU time can be told apart. --scheme quantizes every linear layer (int4: RTN
 group 128, int8: weight-only, both with the LM head, as lamina.bench.quant_speed; fp8: W8A8, as
 lamina.bench.w8a8_speed); --batch / --prompt-len profile a batch mid-W1 (e.g. 128 requests at ~1,000 tokens);
-the result file holds each kernel's time per step.
+the result file holds each kernel's time per step. With PDL (the default) a kernel starts while the one before
+it runs, so its time includes that wait; --no-enable-pdl gives each kernel's own time.
 """
 from __future__ import annotations
 
@@ -52,11 +54,14 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=128, help="each request's context when profiled, ~")
     parser.add_argument("--kv-cache-dtype", default="auto")
     parser.add_argument("--result-file", type=Path)
+    parser.add_argument("--no-enable-pdl", dest="enable_pdl", action="store_false",
+                        help="the engine argument enable_pdl=False (kernels launched without PDL)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         config = model_config(args.shape, args.scheme, tmp)
         llm = LLM(model=str(config), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
-                  device="cuda", max_model_len=4096, kv_cache_dtype=args.kv_cache_dtype)
+                  device="cuda", max_model_len=4096, kv_cache_dtype=args.kv_cache_dtype,
+                  enable_pdl=args.enable_pdl)
         engine = llm.engine
         for i in range(args.batch):
             engine.add_request({"prompt_token_ids": [(7 * t + i) % 10000 + 1 for t in range(args.prompt_len)]},
@@ -94,6 +99,7 @@ def main() -> None:
         if args.result_file:
             args.result_file.write_text(json.dumps(dict(shape=args.shape, scheme=args.scheme, batch=args.batch,
                                                          prompt_len=args.prompt_len, kv=args.kv_cache_dtype,
+                                                         enable_pdl=args.enable_pdl,
                                                          wall_ms=wall, kernels=kernels), indent=1))
         for i in range(args.batch):
             engine.abort_request(str(i))

@@ -326,8 +326,8 @@ def sass_report(args: argparse.Namespace) -> int:
     from lamina.kernels.wna16_gemv import _wna16_gemv_kernel
     from lamina.kernels.wna16_row import _wna16_row_kernel as _rowpair_kernel
 
-    rp4 = dict(BITS=4, XOR=0, GROUP_KW=16, HAS_ZERO=True, HAS_BIAS=False, EVEN_K=True, BLOCK_KW=128, PDL=False,
-               PRMT=False)
+    rp4 = dict(BITS=4, XOR=0, GROUP_KW=16, HAS_ZERO=True, HAS_BIAS=False, EVEN_K=True, M=1, BLOCK_KW=128,
+               PDL=False, PRMT=False)
     rp8 = dict(rp4, BITS=8, GROUP_KW=1 << 30, HAS_ZERO=False, PRMT=True)
     cases = [  # (label, kernel, constexprs, warps, stages, words per thread per main-loop iteration)
         ("current n4-kw512-w4", _wna16_gemv_kernel, dict(M=1, BITS=4, XOR=0, HAS_ZERO=True, HAS_BIAS=False,
@@ -338,6 +338,11 @@ def sass_report(args: argparse.Namespace) -> int:
         ("rowpair int8 n8-w1 no PRMT", _rowpair_kernel, dict(rp8, BLOCK_N=8, IS_SPLIT=False, PREFETCH=False,
                                                              PRMT=False), 1, 1, 32),
     ]
+    for m in (1, 2, 4):  # the engine's form: n4, prefetch, split; int8 naive (the sign XOR); M rows of x
+        cases += [(f"rowpair int4 n4-w1 pf M={m}", _rowpair_kernel, dict(rp4, M=m, BLOCK_N=4, IS_SPLIT=True,
+                                                                          PREFETCH=True), 1, 1, 16),
+                  (f"rowpair int8 n4-w1 pf M={m}", _rowpair_kernel, dict(rp8, M=m, XOR=-0x7F7F7F80, BLOCK_N=4,
+                                                                          IS_SPLIT=True, PREFETCH=True), 1, 1, 16)]
     for label, fn, ce, warps, stages, words in cases:
         sig = {a: "constexpr" if a in ce else ptr_types.get(a, "i32") for a in fn.arg_names}
         if fn is _wna16_gemv_kernel:  # x read as bf16

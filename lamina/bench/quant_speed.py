@@ -6,7 +6,7 @@
 (a) Kernels, 1..4 rows of x (bf16), each Llama-3-8B linear shape: cuBLAS (F.linear) and lamina's bf16 GEMV on
     a bf16 weight, and on random packed words the int4 (g128, asymmetric: rtn4's scheme) and int8 (per channel,
     symmetric: the int8 recipe's) kernel that the engine runs at that many rows (lamina.quant.wna16.decode_kernel:
-    wna16_row at one row, wna16_mma at 2..4; the table names it). Timed as lamina.bench.gemv_sweep times: a CUDA
+    wna16_row at 1..4 rows; the table names it). Timed as lamina.bench.gemv_sweep times: a CUDA
     graph of >= 16 calls rotating weight copies through > 256 MB (every call streams from HBM), do_bench median.
     GB/s counts the bytes a call must read (weights, scales, zero points). Each quantized kernel is checked
     against the reference path (dequantize + F.linear) first. Also: wna16_gemv's int4 candidate configs at 1 row

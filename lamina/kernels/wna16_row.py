@@ -1,19 +1,22 @@
-"""W4A16 / W8A16 GEMV for one row of bf16 x (decode): out = x @ dequantize(words, scale, zero_point).T (+ bias).
+"""W4A16 / W8A16 GEMV for 1..MAX_M rows of bf16 x (decode): out = x @ dequantize(words, scale, zero_point).T
+(+ bias).
 
-    x            [1, K]            bf16, last stride 1; read as int32 pairs of bf16 (x[2i] in bits 0..15,
+    x            [M, K]            bf16, last stride 1; read as int32 pairs of bf16 (x[2i] in bits 0..15,
                                    x[2i + 1] in bits 16..31)
     words        int32 [N, KW]     the checkpoint's pack-quantized words as stored (lamina/quant/packing.py):
                                    32 / BITS values per word along K, value j in bits [j * BITS, (j + 1) * BITS),
                                    stored unsigned (u = q + OFFSET); or a naive int8 weight [N, K] viewed as int32
                                    (`xor=NAIVE_INT8_XOR`)
     scale        bf16 [N, groups]  zero_point int8 [N, groups] or None (symmetric);  bias bf16 [N] or None
-    out          bf16 [1, N]       fp32 inside, one rounding at the end (after the bias)
+    out          bf16 [M, N]       fp32 inside, one rounding at the end (after the bias)
 
 A program owns BLOCK_N rows and walks K in tiles of BLOCK_KW words. Each row is its own 1-D tensor over the
 tile's words (rows unrolled with tuples), so the weight tiles, x's tile and the scale / zero-point loads share
 one register layout: thread t owns words 4t..4t+3 of every row (a 16-byte load per row) and x's values for
 them (16-byte loads, converted once for all BLOCK_N rows). No layout conversion, no shared memory, no division
-in the K loop; one lane reduction per row at the end (1-warp programs: shuffles only).
+in the K loop; one lane reduction per row at the end (1-warp programs: shuffles only). With M rows of x (a
+verify step, a few requests) each weight word is unpacked once and its floats multiplied into every row: x's
+pairs take 16 registers a row at 4 bits, so M stops at 4 (no spills at n4: 128 registers).
 
 int4 unpacks two nibbles per LOP3 ("pair" trick; 128.0's bits and 65536 are kernel arguments, so they sit in
 registers: one LOP3, and the shift-add is an IMAD on the FMA pipe):
@@ -29,14 +32,15 @@ compiled; the interpreter takes a shift and a LOP3. Per 4-word chunk (inside one
 
 sm_90 SASS (ahead of time, scripts/wna16_gemv_variants.py --sass): 24-27 instructions per int4 word, 12.0 per
 int8 word (15.5 with shifts and LOP3s instead of PRMTs), against ~54 for lamina.kernels.wna16_gemv (which converts
-x's layout through shared memory).
+x's layout through shared memory). The engine's form (n4, prefetch, split; naive int8's sign XOR) at 1 / 2 / 4
+rows: int4 30.6 / 42.4 / 68.4 a word, int8 16.3 / 22.9 / 35.9.
 
 Split K (grid (cdiv(N, BLOCK_N), split), split a runtime argument: one compile for every count > 1): program
 (i, j) walks the j-th of `split` runs of whole tiles (a run past K adds zeros) and writes fp32 partials to a
-workspace [split, N]; an int32 counter per row block counts arrivals (acq_rel atomic), and the last program of
-the block adds the partials in split order (deterministic) with the bias, stores the output and re-zeroes the
-counter. One launch, no host sync: capturable in a CUDA graph. The workspace is cached per (device, N, split,
-blocks) and must be allocated outside graph capture: lamina runs every step eagerly before capturing it
+workspace [split, M, N]; an int32 counter per row block counts arrivals (acq_rel atomic), and the last program
+of the block adds the partials in split order (deterministic) with the bias, stores the output and re-zeroes
+the counter. One launch, no host sync: capturable in a CUDA graph. The workspace is cached per (device, M * N,
+split, blocks) and must be allocated outside graph capture: lamina runs every step eagerly before capturing it
 (lamina.graphs.capture), which allocates it; a missing one inside a capture raises. One stream at a time per
 workspace (the layers of a model run one after another). Importing this module imports triton
 (lamina.quant.wna16 imports it lazily, on the first CUDA call).
@@ -59,12 +63,13 @@ MAGIC8 = 0x47000000  # float32 32768.0: a byte at bits 8..15 reads as 32768 + u
 CHUNK_WORDS = 4  # words per thread and row per load (16 bytes): a chunk lies inside one quantization group
 PROGRAMS_PER_SM = 10  # split K until about this many programs per SM ...
 MIN_SPLIT_TILES = 2  # ... each split walking at least this many tiles
+MAX_M = 4  # rows of x: each weight word is unpacked once for all of them (x's pairs take 16 registers a row at 4 bits)
 
 
 def takes(x_dtype: torch.dtype, rows: int, k: int, num_bits: int, group_size: int | None) -> bool:
-    """Whether wna16_row_gemv takes these operands: bf16 x of one row, K a whole number of words, and the group
-    size (None: per channel) a multiple of one chunk's values (32 at 4 bits, 16 at 8)."""
-    if x_dtype != torch.bfloat16 or rows != 1 or num_bits not in (4, 8):
+    """Whether wna16_row_gemv takes these operands: bf16 x of 1..MAX_M rows, K a whole number of words, and the
+    group size (None: per channel) a multiple of one chunk's values (32 at 4 bits, 16 at 8)."""
+    if x_dtype != torch.bfloat16 or not 1 <= rows <= MAX_M or num_bits not in (4, 8):
         return False
     per_word = 32 // num_bits
     return k > 0 and k % per_word == 0 and (group_size is None or group_size % (CHUNK_WORDS * per_word) == 0)
@@ -159,22 +164,15 @@ def _columns4(v, A: tl.constexpr):
 
 
 @triton.jit
-def _int4_word(acc, w, p0, p1, p2, p3, magic, m16):
-    """acc + sum_j (128 + u_j) x_j over the 8 nibbles u_j of each word w (x_0..x_7 in the bf16 pairs p0..p3):
-    3 SHF, 4 LOP3 (mask | magic), 4 IMAD (m16 = 65536 in a register: not a LEA), 8 FFMA."""
-    t = (w & 0x000F000F) | magic
-    acc += t.to(tl.float32, bitcast=True) * _lo(p2)
-    acc += (t * m16 + magic).to(tl.float32, bitcast=True) * _lo(p0)
-    t = ((w >> 4) & 0x000F000F) | magic
-    acc += t.to(tl.float32, bitcast=True) * _hi(p2)
-    acc += (t * m16 + magic).to(tl.float32, bitcast=True) * _hi(p0)
-    t = ((w >> 8) & 0x000F000F) | magic
-    acc += t.to(tl.float32, bitcast=True) * _lo(p3)
-    acc += (t * m16 + magic).to(tl.float32, bitcast=True) * _lo(p1)
-    t = ((w >> 12) & 0x000F000F) | magic
-    acc += t.to(tl.float32, bitcast=True) * _hi(p3)
-    acc += (t * m16 + magic).to(tl.float32, bitcast=True) * _hi(p1)
-    return acc
+def _int4_floats(w, magic, m16):
+    """The 8 nibbles u of each word w as floats 128 + u, in the order (u_4, u_0, u_5, u_1, u_6, u_2, u_7, u_3):
+    3 SHF, 4 LOP3 (mask | magic), 4 IMAD (m16 = 65536 in a register: not a LEA). t's own float is
+    128 + u[j+4] + u[j] * 2^-16 (the module docstring)."""
+    out = ()
+    for j in tl.static_range(4):
+        t = ((w >> 4 * j) & 0x000F000F) | magic
+        out = out + (t.to(tl.float32, bitcast=True), (t * m16 + magic).to(tl.float32, bitcast=True))
+    return out
 
 
 @triton.jit
@@ -193,20 +191,16 @@ def _byte_float(w, magic8, J: tl.constexpr):
 
 
 @triton.jit
-def _int8_word(acc, w, p0, p1, magic8, PRMT: tl.constexpr):
-    """acc + sum_j (32768 + u_j) x_j over the 4 bytes u_j of each word (x_0..x_3 in the bf16 pairs p0, p1): one
-    PRMT a byte when compiled (PRMT), a shift and a LOP3 under the interpreter (no inline assembly there)."""
+def _int8_floats(w, magic8, PRMT: tl.constexpr):
+    """The 4 bytes u of each word w as floats 32768 + u, in order: one PRMT a byte when compiled (PRMT), a shift
+    and a LOP3 under the interpreter (no inline assembly there)."""
     if PRMT:
-        acc += _byte_float(w, magic8, 0) * _lo(p0)
-        acc += _byte_float(w, magic8, 1) * _hi(p0)
-        acc += _byte_float(w, magic8, 2) * _lo(p1)
-        acc += _byte_float(w, magic8, 3) * _hi(p1)
-    else:
-        acc += (((w << 8) & 0xFF00) | magic8).to(tl.float32, bitcast=True) * _lo(p0)
-        acc += ((w & 0xFF00) | magic8).to(tl.float32, bitcast=True) * _hi(p0)
-        acc += (((w >> 8) & 0xFF00) | magic8).to(tl.float32, bitcast=True) * _lo(p1)
-        acc += (((w >> 16) & 0xFF00) | magic8).to(tl.float32, bitcast=True) * _hi(p1)
-    return acc
+        return (_byte_float(w, magic8, 0), _byte_float(w, magic8, 1), _byte_float(w, magic8, 2),
+                _byte_float(w, magic8, 3))
+    return ((((w << 8) & 0xFF00) | magic8).to(tl.float32, bitcast=True),
+            ((w & 0xFF00) | magic8).to(tl.float32, bitcast=True),
+            (((w >> 8) & 0xFF00) | magic8).to(tl.float32, bitcast=True),
+            (((w >> 16) & 0xFF00) | magic8).to(tl.float32, bitcast=True))
 
 
 @triton.jit
@@ -227,36 +221,103 @@ def _load_tiles(w_ptr, rptr, stride_wn, kw0, cols, limit, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
-def _finish(tot, rows, row_mask, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, split, block, HAS_BIAS: tl.constexpr,
-            IS_SPLIT: tl.constexpr):
-    """Store fp32 row sums `tot` (+ bias) as out's dtype. Split K: partials to ws[split index, N]; the last
-    program of the row block to arrive adds them in split order, adds the bias, stores, resets the counter."""
+def _finish(tots, rows, row_mask, b_ptr, out_ptr, stride_om, ws_ptr, cnt_ptr, N, split, block, M: tl.constexpr,
+            HAS_BIAS: tl.constexpr, IS_SPLIT: tl.constexpr):
+    """Store the fp32 sums tots[m] of x's row m (+ bias) as out's dtype. Split K: partials to ws[split index, m, N];
+    the last program of the row block to arrive adds them in split order, adds the bias, stores, resets the
+    counter."""
+    bias = tl.zeros_like(tots[0])
     if not IS_SPLIT:
         if HAS_BIAS:
-            tot += tl.load(b_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + rows, tot.to(out_ptr.dtype.element_ty), mask=row_mask)
+            bias = tl.load(b_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
+        for m in tl.static_range(M):
+            tl.store(out_ptr + m * stride_om + rows, (tots[m] + bias).to(out_ptr.dtype.element_ty), mask=row_mask)
     else:
-        tl.store(ws_ptr + tl.program_id(1) * N + rows, tot, mask=row_mask)
+        for m in tl.static_range(M):
+            tl.store(ws_ptr + (tl.program_id(1) * M + m) * N + rows, tots[m], mask=row_mask)
         tl.debug_barrier()  # every thread's partials written before the release below
         done = tl.atomic_add(cnt_ptr + block, 1, sem="acq_rel")
         if done == split - 1:
-            total = tl.zeros_like(tot)
-            for sp in range(split):
-                total += tl.load(ws_ptr + sp * N + rows, mask=row_mask, other=0.0, cache_modifier=".cg")
             if HAS_BIAS:
-                total += tl.load(b_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
-            tl.store(out_ptr + rows, total.to(out_ptr.dtype.element_ty), mask=row_mask)
+                bias = tl.load(b_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
+            for m in tl.static_range(M):
+                total = tl.zeros_like(tots[m])
+                for sp in range(split):
+                    total += tl.load(ws_ptr + (sp * M + m) * N + rows, mask=row_mask, other=0.0, cache_modifier=".cg")
+                tl.store(out_ptr + m * stride_om + rows, (total + bias).to(out_ptr.dtype.element_ty), mask=row_mask)
             tl.store(cnt_ptr + block, 0)
+
+
+@triton.jit
+def _load_x(x_ptr, stride_xm, kw0, KW, x_offs, offs_c, C: tl.constexpr, M: tl.constexpr, PAIRS: tl.constexpr,
+            EVEN_K: tl.constexpr):
+    """x's bf16 pairs for the tile's chunks, row after row: item m * 4 * PAIRS + q is pair q of the chunk's 4 words
+    (q = PAIRS * word + pair) in row m; and each row's sum over the chunk's values (a tuple of M)."""
+    xq = ()
+    xs = ()
+    for m in tl.static_range(M):
+        xb = x_ptr + m * stride_xm + kw0 * PAIRS + x_offs
+        total = tl.zeros([C], dtype=tl.float32)
+        for i in tl.static_range(PAIRS):
+            if EVEN_K:
+                xp = tl.load(xb + 4 * i)
+            else:
+                xp = tl.load(xb + 4 * i, mask=(kw0 + offs_c * 4 + (4 * i) // PAIRS)[:, None]
+                             + tl.arange(0, 4)[None, :] // PAIRS < KW, other=0)
+            pairs = _columns4(xp, C)
+            for q in tl.static_range(4):
+                total += _lo(pairs[q]) + _hi(pairs[q])
+            xq = xq + pairs
+        xs = xs + (total,)
+    return xq, xs
+
+
+@triton.jit
+def _x_value(xq, base: tl.constexpr, i: tl.constexpr):
+    """x value i of the word whose bf16 pairs start at xq[base], as float32: the low half of pair i // 2 when i
+    is even, the high half when odd."""
+    if i % 2 == 0:
+        return _lo(xq[base + i // 2])
+    return _hi(xq[base + i // 2])
+
+
+@triton.jit
+def _dot_words(wq, xq, magic, m16, C: tl.constexpr, M: tl.constexpr, BITS: tl.constexpr, PRMT: tl.constexpr):
+    """sum_k (BASE + u[k]) x[m, k] over the chunk's 4 words wq (a tuple) for each row m of x: each word unpacked
+    once, its floats multiplied into every row (a tuple of M)."""
+    PAIRS: tl.constexpr = 16 // BITS
+    parts = ()
+    for m in tl.static_range(M):
+        parts = parts + (tl.zeros([C], dtype=tl.float32),)
+    for v in tl.static_range(4):
+        if BITS == 4:
+            floats = _int4_floats(wq[v], magic, m16)
+        else:
+            floats = _int8_floats(wq[v], magic, PRMT)
+        new = ()
+        for m in tl.static_range(M):
+            part = parts[m]
+            for e in tl.static_range(2 * PAIRS):
+                # x value i of the word multiplies float e: int4 i = 4 + e // 2 (e even) or e // 2; int8 i = e
+                if BITS == 4:
+                    part += floats[e] * _x_value(xq, m * 16 + 4 * v, e // 2 + 4 * (1 - e % 2))
+                else:
+                    part += floats[e] * _x_value(xq, m * 8 + 2 * v, e)
+            new = new + (part,)
+        parts = new
+    return parts
 
 
 @triton.jit(do_not_specialize=["split"])  # one compile for every split count > 1
 def _wna16_row_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, KW, split,
-                      stride_wn, stride_sn, stride_zn, magic, m16,
+                      stride_xm, stride_om, stride_wn, stride_sn, stride_zn, magic, m16,
                       BITS: tl.constexpr, XOR: tl.constexpr, GROUP_KW: tl.constexpr, HAS_ZERO: tl.constexpr,
-                      HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
-                      IS_SPLIT: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, PRMT: tl.constexpr):
-    """x_ptr: x as int32 bf16 pairs [K / 2]; GROUP_KW: words per quantization group (a multiple of 4). Rows past
-    N are clamped for the loads, masked at the store; K tiles are masked only when BLOCK_KW does not divide KW."""
+                      HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_KW: tl.constexpr, IS_SPLIT: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
+                      PRMT: tl.constexpr):
+    """x_ptr: x as int32 bf16 pairs, M rows of K / 2 (row stride stride_xm pairs); GROUP_KW: words per quantization
+    group (a multiple of 4). Rows past N are clamped for the loads, masked at the store; K tiles are masked only
+    when BLOCK_KW does not divide KW. accs: item r * M + m is weight row r's sum with x's row m."""
     C: tl.constexpr = BLOCK_KW // 4  # 4-word chunks per tile
     PAIRS: tl.constexpr = 16 // BITS  # int32 pairs of x per word: 4 (int4) or 2 (int8)
     ZB: tl.constexpr = 136 if BITS == 4 else 32896  # BASE + OFFSET: 128 + 8 or 32768 + 128
@@ -268,7 +329,8 @@ def _wna16_row_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_pt
     accs = ()
     rptr = ()
     for r in tl.static_range(BLOCK_N):
-        accs = accs + (tl.zeros([C], dtype=tl.float32),)
+        for m in tl.static_range(M):
+            accs = accs + (tl.zeros([C], dtype=tl.float32),)
         rptr = rptr + (tl.minimum(row0 + r, N - 1).to(tl.int64),)
     kw_len = tl.cdiv(tl.cdiv(KW, BLOCK_KW), split) * BLOCK_KW
     kw_lo = tl.program_id(1) * kw_len
@@ -282,18 +344,7 @@ def _wna16_row_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_pt
             cur = _load_tiles(w_ptr, rptr, stride_wn, kw0 + BLOCK_KW, cols, kw_hi, BLOCK_N, True, EVEN_K)
         else:
             tiles = _load_tiles(w_ptr, rptr, stride_wn, kw0, cols, KW, BLOCK_N, not EVEN_K, False)
-        xb = x_ptr + kw0 * PAIRS + x_offs
-        xq = ()  # item q: pair q of the chunk's 4 words (q = PAIRS * word + pair)
-        for i in tl.static_range(PAIRS):
-            if EVEN_K:
-                xp = tl.load(xb + 4 * i)
-            else:
-                xp = tl.load(xb + 4 * i, mask=(kw0 + offs_c * 4 + (4 * i) // PAIRS)[:, None]
-                             + tl.arange(0, 4)[None, :] // PAIRS < KW, other=0)
-            xq = xq + _columns4(xp, C)
-        xs = tl.zeros([C], dtype=tl.float32)
-        for q in tl.static_range(4 * PAIRS):
-            xs += _lo(xq[q]) + _hi(xq[q])
+        xq, xs = _load_x(x_ptr, stride_xm, kw0, KW, x_offs, offs_c, C, M, PAIRS, EVEN_K)
         g = (kw0 + offs_c * 4) // GROUP_KW
         gmask = kw0 + offs_c * 4 < KW
         new = ()
@@ -301,13 +352,7 @@ def _wna16_row_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_pt
             w = tiles[r]
             if XOR != 0:
                 w = w ^ XOR
-            wq = _columns4(tl.reshape(w, (C, 4)), C)
-            part = tl.zeros([C], dtype=tl.float32)
-            for v in tl.static_range(4):
-                if BITS == 4:
-                    part = _int4_word(part, wq[v], xq[4 * v], xq[4 * v + 1], xq[4 * v + 2], xq[4 * v + 3], magic, m16)
-                else:
-                    part = _int8_word(part, wq[v], xq[2 * v], xq[2 * v + 1], magic, PRMT)
+            parts = _dot_words(_columns4(tl.reshape(w, (C, 4)), C), xq, magic, m16, C, M, BITS, PRMT)
             if EVEN_K:
                 s = tl.load(s_ptr + rptr[r] * stride_sn + g).to(tl.float32)
             else:
@@ -317,17 +362,24 @@ def _wna16_row_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_pt
                     z = tl.load(z_ptr + rptr[r] * stride_zn + g)
                 else:
                     z = tl.load(z_ptr + rptr[r] * stride_zn + g, mask=gmask, other=0)
-                new = new + (accs[r] + s * (part - _i2f(z.to(tl.int32) + ZB) * xs),)
+                zb = _i2f(z.to(tl.int32) + ZB)
+                for m in tl.static_range(M):
+                    new = new + (accs[r * M + m] + s * (parts[m] - zb * xs[m]),)
             else:
-                new = new + (accs[r] + s * (part - ZB * xs),)
+                for m in tl.static_range(M):
+                    new = new + (accs[r * M + m] + s * (parts[m] - ZB * xs[m]),)
         accs = new
     pdl.launch_dependents(PDL)  # the weights are read: the next kernel may be placed
     ro = tl.arange(0, BLOCK_N)
-    tot = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for r in tl.static_range(BLOCK_N):
-        tot = tl.where(ro == r, tl.sum(accs[r], axis=0), tot)
+    tots = ()
+    for m in tl.static_range(M):
+        tot = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for r in tl.static_range(BLOCK_N):
+            tot = tl.where(ro == r, tl.sum(accs[r * M + m], axis=0), tot)
+        tots = tots + (tot,)
     rows = row0 + ro
-    _finish(tot, rows, rows < N, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, split, block, HAS_BIAS, IS_SPLIT)
+    _finish(tots, rows, rows < N, b_ptr, out_ptr, stride_om, ws_ptr, cnt_ptr, N, split, block, M, HAS_BIAS,
+            IS_SPLIT)
 
 
 def group_words(num_bits: int, group_size: int | None) -> int:
@@ -343,31 +395,31 @@ def group_words(num_bits: int, group_size: int | None) -> int:
 def wna16_row_gemv(x: torch.Tensor, words: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None,
                    bias: torch.Tensor | None, num_bits: int, group_size: int | None, xor: int = 0,
                    config: WNA16RowConfig | None = None, pdl: bool = False) -> torch.Tensor:
-    """x [1, K] bf16 @ dequantize(words, scale, zero_point).T (+ bias) -> [1, N] bf16 (`takes` says which
-    operands). group_size None: strategy "channel" (scale [N, 1]). pdl: launch with programmatic dependent
-    launch (lamina.kernels.pdl: the first weight tile loads before the wait)."""
+    """x [M, K] bf16 (M <= MAX_M) @ dequantize(words, scale, zero_point).T (+ bias) -> [M, N] bf16 (`takes` says
+    which operands). group_size None: strategy "channel" (scale [N, 1]). pdl: launch with programmatic
+    dependent launch (lamina.kernels.pdl: the first weight tile loads before the wait)."""
     check_inputs(x, words, scale, zero_point, bias, num_bits)
-    assert x.dtype == torch.bfloat16 and x.shape[0] == 1, f"wna16_row_gemv takes one bf16 row, got {x.dtype} " \
-        f"{tuple(x.shape)}"
-    (_, k), (n, kw) = x.shape, words.shape
-    assert takes(x.dtype, 1, k, num_bits, group_size), \
+    (m, k), (n, kw) = x.shape, words.shape
+    assert x.dtype == torch.bfloat16 and 1 <= m <= MAX_M, \
+        f"wna16_row_gemv takes 1..{MAX_M} bf16 rows, got {x.dtype} {tuple(x.shape)}"
+    assert takes(x.dtype, m, k, num_bits, group_size), \
         f"wna16_row_gemv takes whole words of K and groups of whole 4-word chunks, got K {k}, group {group_size}"
-    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if n == 0:
         return out
     cfg = config or default_config(n, k, num_bits, num_sms(x.device))
-    row = x[0]
-    if row.data_ptr() % 4:  # read as int32 pairs: needs 4-byte alignment (a view at an odd element offset)
-        row = row.clone()
+    if x.stride(-1) != 1 or x.stride(0) % 2 or x.data_ptr() % 4:  # read as int32 pairs: 4-byte aligned rows
+        x = x.clone(memory_format=torch.contiguous_format)
     blocks = triton.cdiv(n, cfg.block_n)
     split = min(cfg.split, triton.cdiv(kw, cfg.block_kw))
-    ws, cnt = workspace(x.device, n, split, blocks) if split > 1 else (out, out)  # never read unsplit
+    ws, cnt = workspace(x.device, m * n, split, blocks) if split > 1 else (out, out)  # never read unsplit
     z = scale if zero_point is None else zero_point  # never read without HAS_ZERO
     _wna16_row_kernel[(blocks, split)](
-        row.view(torch.int32), words, scale, z, out if bias is None else bias, out, ws, cnt, n, kw, split,
-        words.stride(0), scale.stride(0), z.stride(0), MAGIC4 if num_bits == 4 else MAGIC8, 65536,
+        x.view(torch.int32), words, scale, z, out if bias is None else bias, out, ws, cnt, n, kw, split,
+        x.stride(0) // 2, out.stride(0), words.stride(0), scale.stride(0), z.stride(0),
+        MAGIC4 if num_bits == 4 else MAGIC8, 65536,
         BITS=num_bits, XOR=xor, GROUP_KW=group_words(num_bits, group_size), HAS_ZERO=zero_point is not None,
-        HAS_BIAS=bias is not None, EVEN_K=kw % cfg.block_kw == 0, BLOCK_N=cfg.block_n, BLOCK_KW=cfg.block_kw,
+        HAS_BIAS=bias is not None, EVEN_K=kw % cfg.block_kw == 0, M=m, BLOCK_N=cfg.block_n, BLOCK_KW=cfg.block_kw,
         IS_SPLIT=split > 1, PREFETCH=cfg.prefetch, PDL=pdl, PRMT=compiled(x), num_warps=cfg.num_warps, num_stages=1,
         launch_pdl=pdl)
     return out

@@ -10,8 +10,8 @@ Parameters of one layer (rows = the sum of its fused output sizes, groups = in /
                                                          packs it along rows, across fused shards' borders)
     weight_shape       int64 [shards, 2]                 each shard's (out, in), checked against the layer
 
-`apply` runs the Triton kernels that `kernel_for` picks on CUDA (lamina/kernels/wna16_row.py for one bf16 row,
-wna16_gemv.py for one fp16 row, wna16_mma.py for 2..16, wna16_gemm.wna16_matmul for more: they read these same
+`apply` runs the Triton kernels that `kernel_for` picks on CUDA (lamina/kernels/wna16_row.py for 1..4 bf16 rows,
+wna16_gemv.py for one fp16 row, wna16_mma.py for up to 16, wna16_gemm.wna16_matmul for more: they read these same
 parameters, the checkpoint's layout, so nothing is repacked after loading), else the reference path: dequantize
 the whole weight and multiply (exact, any device, not fast; the kernels' oracle).
 """
@@ -38,12 +38,11 @@ Kernel = Callable[[nn.Module, torch.Tensor, torch.Tensor | None], torch.Tensor]
 def kernel_for(x: torch.Tensor, layer: nn.Module, args: WeightQuantArgs) -> Kernel | None:
     """The fast W4A16 / W8A16 path (issue #13): on CUDA (dispatch.on_kernel_device), for fp16 / bf16 x with
     scales of x's dtype and triton importable. When the layer's KernelChoice allows decode-sized kernels:
-    one row: lamina.kernels.wna16_row where it takes the operands (bf16 x; K whole words, groups of whole 4-word
-    chunks: 32 values at 4 bits, 16 at 8, or per channel), else lamina.kernels.wna16_gemv; 2..16 rows wna16_mma
-    (where K and the group size are multiples of 16; else the GEMV up to its MAX_M);
-    lamina.kernels.wna16_gemm.wna16_matmul for the rest. None runs the reference path. Summed over a Llama-3-8B's
-    one-row decode GEMVs (32 layers + LM head, H200): int4 g128 1.83 ms with wna16_row against 2.93 with
-    wna16_gemv, int8 per channel 2.42 against 3.75 (GEMV_ROWS' comment).
+    1..GEMV_ROWS rows: lamina.kernels.wna16_row where it takes the operands (bf16 x; K whole words, groups of
+    whole 4-word chunks: 32 values at 4 bits, 16 at 8, or per channel); else one row lamina.kernels.wna16_gemv,
+    2..16 rows wna16_mma (where K and the group size are multiples of 16; else the GEMV up to its MAX_M);
+    lamina.kernels.wna16_gemm.wna16_matmul for the rest. None runs the reference path (GEMV_ROWS' comment has
+    the measurements that chose the kernels).
     Pack-quantized 4- and 8-bit weights, and naive int8 ones whose rows are whole int32 words. Triton is
     imported on the first CUDA call only, never on CPU."""
     if not (dispatch.on_kernel_device(x) and x.dtype in dispatch.GEMV_DTYPES) or getattr(args, "type", "int") != "int":
@@ -77,14 +76,15 @@ def kernel_for(x: torch.Tensor, layer: nn.Module, args: WeightQuantArgs) -> Kern
 
 
 _NAIVE_INT8_XOR = -0x7F7F7F80  # lamina.kernels.wna16_gemv.NAIVE_INT8_XOR, without importing triton
-# Rows up to which a GEMV runs rather than wna16_mma: where it costs less summed over a Llama-3-8B (32 layers of
-# qkv, o_proj, gate_up, down, and the LM head; H200). One row, bf16: wna16_row, int4 g128 32 * (8.3 + 7.0 + 23.6 +
-# 15.3) + 90.5 us = 1.83 ms, int8 per channel 2.42 ms (its default config, n4-w1-kw128:
-# benchmarks/results/2026-12-02-h200-gemv-variants.json), against wna16_gemv's 2.93 / 3.75 ms in the same run
-# (2.97 / 3.77 in 2026-12-01-h200-quant-speed-run2.json; 5.70 / 8.60 at 2 rows) and the MMA kernel's 4.20 / 6.08 at
-# any of 1..16 rows (with split K, 2026-12-02-h200-wna16-mma-sweep-split-k.json). Dequantize + cuBLAS at 16 rows:
-# 1.7-9.4x the MMA kernel's time per shape.
-GEMV_ROWS = 1
+# Rows up to which wna16_row runs rather than wna16_mma (H200, Llama-3-8B: 32 layers of qkv, o_proj, gate_up,
+# down, and the LM head). One row, bf16: wna16_row, int4 g128 32 * (8.3 + 7.0 + 23.6 + 15.3) + 90.5 us = 1.83 ms,
+# int8 per channel 2.42 ms (its default config, n4-w1-kw128: benchmarks/results/2026-12-02-h200-gemv-variants.json),
+# against wna16_gemv's 2.93 / 3.75 ms in the same run and the MMA kernel's 4.20 / 6.08 at any of 1..16 rows (with
+# split K, 2026-12-02-h200-wna16-mma-sweep-split-k.json). With each word unpacked once for up to 4 rows, a whole
+# decode step (scripts/profile_decode.py, CUDA graphs, ms; 2026-12-04-h200-s21-wna16-rows-summary.txt) at 2 / 4
+# rows: int8 2.90 / 4.06 against the MMA kernel's 6.58 / 6.62, int4 2.62 / 3.67 against 4.72 / 4.76, bf16
+# 4.58 / 4.67. Dequantize + cuBLAS at 16 rows: 1.7-9.4x the MMA kernel's time per shape.
+GEMV_ROWS = 4
 
 
 def _kernel(kernels: tuple[ModuleType, ...], rows: int, k: int, num_bits: int, group_size: int | None,
@@ -94,7 +94,7 @@ def _kernel(kernels: tuple[ModuleType, ...], rows: int, k: int, num_bits: int, g
     gemv, mma, gemm, row = kernels
     if small and rows <= GEMV_ROWS and row.takes(dtype, rows, k, num_bits, group_size):
         return functools.partial(row.wna16_row_gemv, pdl=pdl)
-    if small and GEMV_ROWS < rows <= mma.MAX_M and mma.takes(k, group_size):
+    if small and 1 < rows <= mma.MAX_M and mma.takes(k, group_size):
         return mma.wna16_mma
     if small and rows <= gemv.MAX_M:
         return gemv.wna16_gemv

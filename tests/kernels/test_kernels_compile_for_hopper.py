@@ -111,7 +111,7 @@ PDL_SCRIPT = textwrap.dedent('''
     ops_in_order("gemv", gemv._gemv_kernel, dict(M=1, HAS_BIAS=False, SPLIT_K=1, EVEN_K=True, BLOCK_N=2,
                                                  BLOCK_K=4096), types, num_warps=8)
     ops_in_order("wna16_row", wna16_row._wna16_row_kernel,
-                 dict(BITS=8, XOR=0, GROUP_KW=1 << 30, HAS_ZERO=False, HAS_BIAS=False, EVEN_K=True, BLOCK_N=4,
+                 dict(BITS=8, XOR=0, GROUP_KW=1 << 30, HAS_ZERO=False, HAS_BIAS=False, EVEN_K=True, M=1, BLOCK_N=4,
                       BLOCK_KW=128, IS_SPLIT=True, PREFETCH=True, PRMT=True),
                  dict(types, x_ptr="*i32", w_ptr="*i32", s_ptr="*bf16", z_ptr="*i8", cnt_ptr="*i32"), num_warps=1)
     ops_in_order("rms_norm", fused_ops._rms_norm_kernel, dict(HAS_RESIDUAL=True, BLOCK=4096), types, num_warps=8)
@@ -157,7 +157,7 @@ PRMT_SCRIPT = textwrap.dedent('''
     from lamina.kernels import wna16_row
 
     fn = wna16_row._wna16_row_kernel
-    constexprs = dict(BITS=8, XOR=0, GROUP_KW=1 << 30, HAS_ZERO=False, HAS_BIAS=False, EVEN_K=True, BLOCK_N=1,
+    constexprs = dict(BITS=8, XOR=0, GROUP_KW=1 << 30, HAS_ZERO=False, HAS_BIAS=False, EVEN_K=True, M=1, BLOCK_N=1,
                       BLOCK_KW=128, IS_SPLIT=False, PREFETCH=False, PDL=False, PRMT=True)
     types = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*i8", "b_ptr": "*bf16",
              "out_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32"}

@@ -72,7 +72,7 @@ def test_layer_routes_rows_and_matches_the_reference(args: WeightQuantArgs,
         out = layer(x)
         assert out.shape == (*shape[:-1], sum(OUT))
         assert_matches(out.reshape(-1, sum(OUT)), expected.reshape(-1, sum(OUT)))
-    assert kernel_calls == [("wna16_row_gemv", 1), ("wna16_mma", 4), ("wna16_mma", 2), ("wna16_mma", 3),
+    assert kernel_calls == [("wna16_row_gemv", 1), ("wna16_row_gemv", 4), ("wna16_row_gemv", 2), ("wna16_row_gemv", 3),
                             ("wna16_mma", 16), ("wna16_matmul", 21)]
 
 

@@ -1,6 +1,6 @@
-"""The one-row bf16 W4A16 / W8A16 GEMV (lamina.kernels.wna16_row) against the torch reference, on CPU tensors
-under the interpreter: the same operands and tolerance as tests/kernels/test_wna16.py (every element written,
-~2 ulps), split K (with runs of no tiles), masked K tails, and mutations that must fail. The interpreter runs
+"""The bf16 W4A16 / W8A16 GEMV of 1..4 rows (lamina.kernels.wna16_row) against the torch reference, on CPU
+tensors under the interpreter: the same operands and tolerance as tests/kernels/test_wna16.py (every element
+written, ~2 ulps), split K (with runs of no tiles), masked K tails, and mutations that must fail. The interpreter runs
 this kernel slowly (~0.3-0.5 s a call even at these shapes): keep the shapes tiny."""
 from __future__ import annotations
 
@@ -36,6 +36,20 @@ def test_row_matches_reference(variant: tuple) -> None:
     o = make_operands(*variant, m=1, n=N, k=64, seed=1)
     assert_matches(run_row(o), reference(o))
     assert_matches(run_row(o, bias=False, config=WNA16RowConfig(2, block_kw=4, split=2)), reference(o, bias=False))
+
+
+@pytest.mark.parametrize("bits,group_size,symmetric", [(4, 32, False), (8, None, True)])
+@pytest.mark.parametrize("m", [2, 4])
+def test_rows_share_each_weight_word(m: int, bits: int, group_size: int | None, symmetric: bool) -> None:
+    """2 and 4 rows of x: every row's output as the reference's (each word unpacked once, multiplied into every
+    row), unsplit with bias and split 2 ways without; rows read through a view (row stride 96 elements)."""
+    o = make_operands(bits, group_size, symmetric, m=m, n=N, k=64, seed=10 + m)
+    assert_matches(run_row(o), reference(o))
+    wide = torch.zeros((m, 96), dtype=o["x"].dtype)
+    wide[:, :64] = o["x"]
+    strided = dict(o, x=wide[:, :64])
+    assert_matches(run_row(strided, bias=False, config=WNA16RowConfig(2, block_kw=4, split=2)),
+                   reference(o, bias=False))
 
 
 @pytest.mark.parametrize("bits,group_size", [(4, 128), (8, 16)])
@@ -142,14 +156,15 @@ def test_takes_and_rejects() -> None:
     bf16 = torch.bfloat16
     assert takes(bf16, 1, 4096, 4, 128) and takes(bf16, 1, 4096, 8, None) and takes(bf16, 1, 64, 8, 16)
     assert takes(bf16, 1, 200, 4, None) and takes(bf16, 1, 4, 8, None)
-    assert not takes(torch.float16, 1, 4096, 4, 128) and not takes(bf16, 2, 4096, 4, 128)
+    assert takes(bf16, 4, 4096, 4, 128) and takes(bf16, 2, 4096, 8, None)
+    assert not takes(torch.float16, 1, 4096, 4, 128) and not takes(bf16, 5, 4096, 4, 128)
     assert not takes(bf16, 1, 4096, 4, 16) and not takes(bf16, 1, 4096, 8, 8) and not takes(bf16, 1, 204, 4, None)
     assert not takes(bf16, 1, 0, 4, None)
-    o = make_operands(4, 32, True, m=2, n=N, k=64)
+    o = make_operands(4, 32, True, m=5, n=N, k=64)
     words = pack_int32(o["q"], 4)
-    with pytest.raises(AssertionError, match="one bf16 row"):
+    with pytest.raises(AssertionError, match="1..4 bf16 rows"):
         wna16_row_gemv(o["x"], words, o["scale"], None, None, 4, 32)
-    with pytest.raises(AssertionError, match="one bf16 row"):
+    with pytest.raises(AssertionError, match="1..4 bf16 rows"):
         wna16_row_gemv(o["x"][:1].half(), words, o["scale"].half(), None, None, 4, 32)
     with pytest.raises(AssertionError, match="groups of whole 4-word chunks"):
         wna16_row_gemv(o["x"][:1], words, o["scale"], None, None, 4, 16)
