@@ -298,6 +298,7 @@ def _dot_words(wq, xq, magic, m16, C: tl.constexpr, M: tl.constexpr, BITS: tl.co
         for m in tl.static_range(M):
             part = parts[m]
             for e in tl.static_range(2 * PAIRS):
+                # word v's pairs start at xq[m * 4 * PAIRS + PAIRS * v] (_load_x's order), written out per width;
                 # x value i of the word multiplies float e: int4 i = 4 + e // 2 (e even) or e // 2; int8 i = e
                 if BITS == 4:
                     part += floats[e] * _x_value(xq, m * 16 + 4 * v, e // 2 + 4 * (1 - e % 2))
