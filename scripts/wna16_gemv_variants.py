@@ -5,6 +5,7 @@ cuBLAS on bf16, over a grid of configs on the Llama-3-8B shapes (decode, issue #
     python scripts/wna16_gemv_variants.py --quick     # CUDA: one config family
     python scripts/wna16_gemv_variants.py --tiny      # any machine: every config through the interpreter (CPU)
     python scripts/wna16_gemv_variants.py --sass      # any machine: compile for sm_90a ahead of time, count SASS
+    python scripts/wna16_gemv_variants.py --rows 4    # 1..4 rows of x (wna16_row's MAX_M; default 1)
 
 Why wna16_gemv is slow at one row: the GEMV should be a pure weight stream (H200 ~4.6 TB/s: int4 g128 is 4.2
 bytes a 32-bit word with its scales, ~1.1e12 words/s), but the K loop of its default config (n4-kw512-w4,
@@ -96,7 +97,7 @@ def reference(x: torch.Tensor, op: dict[str, Any]) -> torch.Tensor:
 
     words, scale, zero, bits = op["words"], op["scale"].float(), op["zero"], op["bits"]
     k = x.shape[1]
-    out = torch.empty((1, words.shape[0]), dtype=torch.float32, device=x.device)
+    out = torch.empty((x.shape[0], words.shape[0]), dtype=torch.float32, device=x.device)
     for r in range(0, words.shape[0], 8192):
         q = unpack_int32(words[r:r + 8192], bits, k).float()
         g = scale.shape[1]
@@ -234,7 +235,7 @@ def run_shape(name: str, n: int, k: int, args: argparse.Namespace, deadline: flo
     import torch.nn.functional as F
 
     gen = torch.Generator(device=args.device).manual_seed(0)
-    x = torch.randn(1, k, device=args.device, generator=gen).to(torch.bfloat16)
+    x = torch.randn(args.rows, k, device=args.device, generator=gen).to(torch.bfloat16)
     row: dict[str, Any] = dict(shape=name, n=n, k=k, quants={})
     if not args.tiny:
         copies = max(2, math.ceil(args.rotate_mb * 2 ** 20 / (n * k * 2)))
@@ -396,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rotate-mb", type=float, default=256.0, help="weight copies per shape: at least this much")
     parser.add_argument("--warmup-ms", type=int, default=3)
     parser.add_argument("--rep-ms", type=int, default=15)
+    parser.add_argument("--rows", type=int, default=1, choices=range(1, 5), help="rows of x (1..4)")
     args = parser.parse_args(argv)
     if args.sass:
         return sass_report(args)
@@ -410,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     deadline = start + (float("inf") if args.tiny else args.budget_s)
-    report: dict[str, Any] = dict(workload="wna16-gemv-variants", tiny=args.tiny, command=" ".join(sys.argv),
+    report: dict[str, Any] = dict(workload="wna16-gemv-variants", tiny=args.tiny, x_rows=args.rows,
+                                  command=" ".join(sys.argv),
                                   date=time.strftime("%Y-%m-%d %H:%M:%S"), torch=torch.__version__,
                                   triton=triton.__version__,
                                   device=torch.cuda.get_device_name() if not args.tiny else "cpu (interpreter)",
