@@ -18,15 +18,8 @@ in the K loop; one lane reduction per row at the end (1-warp programs: shuffles 
 verify step, a few requests) each weight word is unpacked once and its floats multiplied into every row: x's
 pairs take 16 registers a row at 4 bits, so M stops at 4 (no spills at n4: 128 registers).
 
-int4 unpacks two nibbles per LOP3 ("pair" trick; 128.0's bits and 65536 are kernel arguments, so they sit in
-registers: one LOP3, and the shift-add is an IMAD on the FMA pipe):
-
-    t  = ((w >> 4j) & 0x000F000F) | 0x43000000      float bits = 128 + u[j+4] + u[j] * 2^-16
-    t2 = t * 65536 + 0x43000000                     float bits = 128 + u[j]   (exact)
-
-then one FFMA per weight (t's u[j] * 2^-16 leak is ~1e-5 of an output; a bf16 ulp is 4e-3). int8: a byte into
-bits 8..15 of 32768.0 reads as 32768 + u, one PRMT (byte permute) a byte: PTX inline assembly, so only when
-compiled; the interpreter takes a shift and a LOP3. Per 4-word chunk (inside one quantization group) and row:
+The unpacking (int4 two nibbles a LOP3, int8 a byte a PRMT) and the per-chunk sums are
+lamina/kernels/wna16_words.py's. Per 4-word chunk (inside one quantization group) and row:
 
     acc += s * (sum_k (BASE + u[k]) x[k] - (BASE + OFFSET + z) * sum_k x[k])        BASE 128 / 32768
 
@@ -57,9 +50,8 @@ import triton.language as tl
 from lamina.kernels import pdl
 from lamina.kernels.pdl import compiled
 from lamina.kernels.wna16_gemv import CHANNEL_GROUP, INTERPRETER_SMS, check_inputs, num_sms
+from lamina.kernels.wna16_words import MAGIC4, MAGIC8, columns4, dot_words, i2f, load_x
 
-MAGIC4 = 0x43000000  # float32 128.0: a nibble at bits 16..19 reads as 128 + u
-MAGIC8 = 0x47000000  # float32 32768.0: a byte at bits 8..15 reads as 32768 + u
 CHUNK_WORDS = 4  # words per thread and row per load (16 bytes): a chunk lies inside one quantization group
 PROGRAMS_PER_SM = 10  # split K until about this many programs per SM ...
 MIN_SPLIT_TILES = 2  # ... each split walking at least this many tiles
@@ -124,86 +116,6 @@ def workspace(device: torch.device, n: int, split: int, blocks: int) -> tuple[to
 
 
 @triton.jit
-def _i2f(v):
-    """float(v) for integers |v| < 2^22: one IADD and one FADD (I2F issues at a quarter of the FP32 rate)."""
-    return (v + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
-
-
-@triton.jit
-def _lo(p):
-    """The low bf16 of an int32 bf16 pair, as float32: one op."""
-    return (p << 16).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _hi(p):
-    """The high bf16 of an int32 bf16 pair, as float32: one op."""
-    return (p & -65536).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _unzip(t, A: tl.constexpr, B: tl.constexpr):
-    """Tuple of [A, 2B] tensors -> tuple of twice as many [A, B]: every even column block, then every odd one.
-    After k calls on (v,), v [A, 2^k], item i is v[:, i]; register-only when a row's 2^k values sit in one thread."""
-    evens = ()
-    odds = ()
-    for i in tl.static_range(len(t)):
-        if B == 1:
-            e, o = tl.split(t[i])
-        else:
-            e, o = tl.split(tl.reshape(t[i], (A, B, 2)))
-        evens = evens + (e,)
-        odds = odds + (o,)
-    return evens + odds
-
-
-@triton.jit
-def _columns4(v, A: tl.constexpr):
-    """[A, 4] -> its 4 columns [A] as a tuple."""
-    return _unzip(_unzip((v,), A, 2), A, 1)
-
-
-@triton.jit
-def _int4_floats(w, magic, m16):
-    """The 8 nibbles u of each word w as floats 128 + u, in the order (u_4, u_0, u_5, u_1, u_6, u_2, u_7, u_3):
-    3 SHF, 4 LOP3 (mask | magic), 4 IMAD (m16 = 65536 in a register: not a LEA). t's own float is
-    128 + u[j+4] + u[j] * 2^-16 (the module docstring)."""
-    out = ()
-    for j in tl.static_range(4):
-        t = ((w >> 4 * j) & 0x000F000F) | magic
-        out = out + (t.to(tl.float32, bitcast=True), (t * m16 + magic).to(tl.float32, bitcast=True))
-    return out
-
-
-@triton.jit
-def _byte_float(w, magic8, J: tl.constexpr):
-    """32768 + byte J of w as float32, in one PRMT: selector 0x75J4 takes magic8's byte 0, w's byte J, then
-    magic8's bytes 1 and 3 (bytes 4..7 of the pair are magic8's)."""
-    if J == 0:
-        asm: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7504;"
-    elif J == 1:
-        asm: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7514;"
-    elif J == 2:
-        asm: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7524;"
-    else:
-        asm: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7534;"
-    return tl.inline_asm_elementwise(asm, "=r,r,r", [w, magic8], dtype=tl.float32, is_pure=True, pack=1)
-
-
-@triton.jit
-def _int8_floats(w, magic8, PRMT: tl.constexpr):
-    """The 4 bytes u of each word w as floats 32768 + u, in order: one PRMT a byte when compiled (PRMT), a shift
-    and a LOP3 under the interpreter (no inline assembly there)."""
-    if PRMT:
-        return (_byte_float(w, magic8, 0), _byte_float(w, magic8, 1), _byte_float(w, magic8, 2),
-                _byte_float(w, magic8, 3))
-    return ((((w << 8) & 0xFF00) | magic8).to(tl.float32, bitcast=True),
-            ((w & 0xFF00) | magic8).to(tl.float32, bitcast=True),
-            (((w >> 8) & 0xFF00) | magic8).to(tl.float32, bitcast=True),
-            (((w >> 16) & 0xFF00) | magic8).to(tl.float32, bitcast=True))
-
-
-@triton.jit
 def _load_tiles(w_ptr, rptr, stride_wn, kw0, cols, limit, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                 SCALAR_MASK: tl.constexpr):
     """The tile's words of each of the BLOCK_N rows (a tuple); words at or past `limit` read 0 when MASKED."""
@@ -248,67 +160,6 @@ def _finish(tots, rows, row_mask, b_ptr, out_ptr, stride_om, ws_ptr, cnt_ptr, N,
             tl.store(cnt_ptr + block, 0)
 
 
-@triton.jit
-def _load_x(x_ptr, stride_xm, kw0, KW, x_offs, offs_c, C: tl.constexpr, M: tl.constexpr, PAIRS: tl.constexpr,
-            EVEN_K: tl.constexpr):
-    """x's bf16 pairs for the tile's chunks, row after row: item m * 4 * PAIRS + q is pair q of the chunk's 4 words
-    (q = PAIRS * word + pair) in row m; and each row's sum over the chunk's values (a tuple of M)."""
-    xq = ()
-    xs = ()
-    for m in tl.static_range(M):
-        xb = x_ptr + m * stride_xm + kw0 * PAIRS + x_offs
-        total = tl.zeros([C], dtype=tl.float32)
-        for i in tl.static_range(PAIRS):
-            if EVEN_K:
-                xp = tl.load(xb + 4 * i)
-            else:
-                xp = tl.load(xb + 4 * i, mask=(kw0 + offs_c * 4 + (4 * i) // PAIRS)[:, None]
-                             + tl.arange(0, 4)[None, :] // PAIRS < KW, other=0)
-            pairs = _columns4(xp, C)
-            for q in tl.static_range(4):
-                total += _lo(pairs[q]) + _hi(pairs[q])
-            xq = xq + pairs
-        xs = xs + (total,)
-    return xq, xs
-
-
-@triton.jit
-def _x_value(xq, base: tl.constexpr, i: tl.constexpr):
-    """x value i of the word whose bf16 pairs start at xq[base], as float32: the low half of pair i // 2 when i
-    is even, the high half when odd."""
-    if i % 2 == 0:
-        return _lo(xq[base + i // 2])
-    return _hi(xq[base + i // 2])
-
-
-@triton.jit
-def _dot_words(wq, xq, magic, m16, C: tl.constexpr, M: tl.constexpr, BITS: tl.constexpr, PRMT: tl.constexpr):
-    """sum_k (BASE + u[k]) x[m, k] over the chunk's 4 words wq (a tuple) for each row m of x: each word unpacked
-    once, its floats multiplied into every row (a tuple of M)."""
-    PAIRS: tl.constexpr = 16 // BITS
-    parts = ()
-    for m in tl.static_range(M):
-        parts = parts + (tl.zeros([C], dtype=tl.float32),)
-    for v in tl.static_range(4):
-        if BITS == 4:
-            floats = _int4_floats(wq[v], magic, m16)
-        else:
-            floats = _int8_floats(wq[v], magic, PRMT)
-        new = ()
-        for m in tl.static_range(M):
-            part = parts[m]
-            for e in tl.static_range(2 * PAIRS):
-                # word v's pairs start at xq[m * 4 * PAIRS + PAIRS * v] (_load_x's order), written out per width;
-                # x value i of the word multiplies float e: int4 i = 4 + e // 2 (e even) or e // 2; int8 i = e
-                if BITS == 4:
-                    part += floats[e] * _x_value(xq, m * 16 + 4 * v, e // 2 + 4 * (1 - e % 2))
-                else:
-                    part += floats[e] * _x_value(xq, m * 8 + 2 * v, e)
-            new = new + (part,)
-        parts = new
-    return parts
-
-
 @triton.jit(do_not_specialize=["split"])  # one compile for every split count > 1
 def _wna16_row_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, KW, split,
                       stride_xm, stride_om, stride_wn, stride_sn, stride_zn, magic, m16,
@@ -345,7 +196,7 @@ def _wna16_row_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_pt
             cur = _load_tiles(w_ptr, rptr, stride_wn, kw0 + BLOCK_KW, cols, kw_hi, BLOCK_N, True, EVEN_K)
         else:
             tiles = _load_tiles(w_ptr, rptr, stride_wn, kw0, cols, KW, BLOCK_N, not EVEN_K, False)
-        xq, xs = _load_x(x_ptr, stride_xm, kw0, KW, x_offs, offs_c, C, M, PAIRS, EVEN_K)
+        xq, xs = load_x(x_ptr, stride_xm, kw0, KW, x_offs, offs_c, C, M, PAIRS, EVEN_K)
         g = (kw0 + offs_c * 4) // GROUP_KW
         gmask = kw0 + offs_c * 4 < KW
         new = ()
@@ -353,7 +204,7 @@ def _wna16_row_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_pt
             w = tiles[r]
             if XOR != 0:
                 w = w ^ XOR
-            parts = _dot_words(_columns4(tl.reshape(w, (C, 4)), C), xq, magic, m16, C, M, BITS, PRMT)
+            parts = dot_words(columns4(tl.reshape(w, (C, 4)), C), xq, magic, m16, C, M, BITS, PRMT)
             if EVEN_K:
                 s = tl.load(s_ptr + rptr[r] * stride_sn + g).to(tl.float32)
             else:
@@ -363,7 +214,7 @@ def _wna16_row_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_pt
                     z = tl.load(z_ptr + rptr[r] * stride_zn + g)
                 else:
                     z = tl.load(z_ptr + rptr[r] * stride_zn + g, mask=gmask, other=0)
-                zb = _i2f(z.to(tl.int32) + ZB)
+                zb = i2f(z.to(tl.int32) + ZB)
                 for m in tl.static_range(M):
                     new = new + (accs[r * M + m] + s * (parts[m] - zb * xs[m]),)
             else:
