@@ -8,20 +8,29 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("triton", reason="triton is not installed (CI installs it with the test extra)")
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_compiled(script: str, *args: str) -> subprocess.CompletedProcess:
+    """`script` in a fresh Python without TRITON_INTERPRET (so @triton.jit compiles), from the repository root
+    (the scripts import tests.kernels.sm90)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, env=env, cwd=REPO,
+                          timeout=300)
+
 SCRIPT = textwrap.dedent('''
     import sys
     import torch
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
     from lamina.kernels.decode_attention import _decode_kernel, decode_config
     from lamina.kernels.prefill_attention import _prefill_kernel
     from lamina.kernels.store_kv import _store_kv_kernel
+    from tests.kernels.sm90 import compile_sm90
 
     cache = sys.argv[1]
     types = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16", "k_cache_ptr": cache,
@@ -35,10 +44,7 @@ SCRIPT = textwrap.dedent('''
     for fn, constexprs in ((_store_kv_kernel, dict(BLOCK_H=8, BLOCK_D=128, SCALED=scaled, PDL=True)),
                            (_decode_kernel, dict(attention, MAX_Q=8, BLOCK_M=16, SPLIT=True, PDL=True, **decode)),
                            (_prefill_kernel, dict(attention, BLOCK_M=64))):
-        signature = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in fn.arg_names}
-        compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
-                                  target=GPUTarget("cuda", 90, 32),
-                                  options=dict(launch, launch_pdl=constexprs.get("PDL", False)))
+        compiled = compile_sm90(fn, constexprs, types, **launch, launch_pdl=constexprs.get("PDL", False))
         assert compiled.asm["cubin"], fn.__name__
         print(fn.__name__, "ok")
 ''')
@@ -46,27 +52,21 @@ SCRIPT = textwrap.dedent('''
 
 @pytest.mark.parametrize("cache", ["*bf16", "*fp8e4nv"])
 def test_kernels_compile_for_sm90(cache: str) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", SCRIPT, cache], capture_output=True, text=True, env=env,
-                          timeout=300)
+    done = run_compiled(SCRIPT, cache)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["_store_kv_kernel", "ok", "_decode_kernel", "ok", "_prefill_kernel", "ok"]
 
 
 FP8_GEMM_SCRIPT = textwrap.dedent('''
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
     from lamina.kernels.fp8_gemm import _fp8_gemm_kernel, device_table
+    from tests.kernels.sm90 import compile_sm90
 
     configs = {cfg for buckets in device_table("NVIDIA H200").values() for _, cfg in buckets if cfg is not None}
     types = {"x_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "sx_ptr": "*fp32", "sw_ptr": "*fp32", "out_ptr": "*bf16"}
     for cfg in sorted(configs, key=lambda c: c.name):
         constexprs = dict(SWAP=cfg.swap, EVEN_K=True, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k)
-        signature = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in _fp8_gemm_kernel.arg_names}
-        compiled = triton.compile(ASTSource(fn=_fp8_gemm_kernel, signature=signature, constexprs=constexprs),
-                                  target=GPUTarget("cuda", 90, 32),
-                                  options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+        compiled = compile_sm90(_fp8_gemm_kernel, constexprs, types, num_warps=cfg.num_warps,
+                                num_stages=cfg.num_stages)
         assert compiled.asm["cubin"] and compiled.metadata.shared <= 232448, cfg.name  # the H200's shared memory
         print(cfg.name, "ok")
 ''')
@@ -74,25 +74,19 @@ FP8_GEMM_SCRIPT = textwrap.dedent('''
 
 def test_the_shipped_fp8_gemm_configs_compile_for_sm90() -> None:
     """Every config the H200's fp8 GEMM table routes to compiles for sm_90 and fits its shared memory."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", FP8_GEMM_SCRIPT], capture_output=True, text=True, env=env,
-                          timeout=300)
+    done = run_compiled(FP8_GEMM_SCRIPT)
     assert done.returncode == 0, done.stderr[-3000:]
     names = done.stdout.split()[::2]
     assert len(names) >= 4 and done.stdout.split()[1::2] == ["ok"] * len(names)
 
 
 PDL_SCRIPT = textwrap.dedent('''
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
     from lamina.kernels import decode_attention, fused_ops, gemv, store_kv, wna16_row
+    from tests.kernels.sm90 import compile_sm90
 
     def ops_in_order(name, fn, constexprs, types, **options):
         """Each griddepcontrol, and each run of global loads / stores / atomics, in PTX order."""
-        signature = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in fn.arg_names}
-        compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=dict(constexprs, PDL=True)),
-                                  target=GPUTarget("cuda", 90, 32), options=dict(options, launch_pdl=True))
+        compiled = compile_sm90(fn, dict(constexprs, PDL=True), types, **options, launch_pdl=True)
         ops = []
         for line in compiled.asm["ptx"].splitlines():
             words = line.split()
@@ -138,8 +132,7 @@ def test_pdl_kernels_wait_before_they_touch_what_the_kernel_before_writes() -> N
     """Launched with programmatic dependent launch (lamina.kernels.pdl), every decode-step kernel waits before it
     touches data the kernel before it may write: before the wait, weight loads at most, no store, no atomic; and it
     lets the next kernel in exactly once. Checked in the sm_90 PTX, the order the GPU executes."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", PDL_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
+    done = run_compiled(PDL_SCRIPT)
     assert done.returncode == 0, done.stderr[-3000:]
     orders = {name: ops.split() for name, ops in (line.split(" ", 1) for line in done.stdout.strip().splitlines())}
     assert set(orders) == set(BEFORE_WAIT)
@@ -151,19 +144,14 @@ def test_pdl_kernels_wait_before_they_touch_what_the_kernel_before_writes() -> N
 
 PRMT_SCRIPT = textwrap.dedent('''
     import re
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
     from lamina.kernels import wna16_row
+    from tests.kernels.sm90 import compile_sm90
 
-    fn = wna16_row._wna16_row_kernel
     constexprs = dict(BITS=8, XOR=0, GROUP_KW=1 << 30, HAS_ZERO=False, HAS_BIAS=False, EVEN_K=True, M=1, BLOCK_N=1,
                       BLOCK_KW=128, IS_SPLIT=False, PREFETCH=False, PDL=False, PRMT=True)
     types = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*i8", "b_ptr": "*bf16",
              "out_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
-    signature = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in fn.arg_names}
-    ptx = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
-                         target=GPUTarget("cuda", 90, 32), options=dict(num_warps=1)).asm["ptx"]
+    ptx = compile_sm90(wna16_row._wna16_row_kernel, constexprs, types, num_warps=1).asm["ptx"]
     print(" ".join(re.findall(r"prmt\\.b32\\s+[^;]*,\\s*(0x[0-9a-fA-F]+);", ptx)))
 ''')
 
@@ -180,8 +168,7 @@ def test_int8_gemv_unpacks_each_byte_with_one_prmt() -> None:
     selector per byte position, each giving the bits the interpreter's shift-and-LOP3 path gives."""
     from lamina.kernels.wna16_row import MAGIC8
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", PRMT_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
+    done = run_compiled(PRMT_SCRIPT)
     assert done.returncode == 0, done.stderr[-3000:]
     selectors = sorted({int(s, 16) for s in done.stdout.split()})
     assert len(selectors) == 4, done.stdout
