@@ -33,6 +33,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -145,11 +146,29 @@ class Variant:
     prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # one-time repack of a weight copy
 
 
+CONFIG_NAME = re.compile(r"n(\d+)-w(\d+)-kw(\d+)(?:-s(\d+))?(-pf)?$")
+NAMED_CONFIGS: list[str] = []  # --configs: these instead of the sweep
+
+
+def parse_config(name: str, n: int, kw: int) -> WNA16RowConfig:
+    """A config from its name, n{rows}-w{warps}-kw{words}[-s{split}][-pf]; no -s: auto_split's."""
+    from lamina.kernels.wna16_row import auto_split
+
+    match = CONFIG_NAME.match(name)
+    if not match:
+        raise SystemExit(f"--configs: {name!r} is not n<rows>-w<warps>-kw<words>[-s<split>][-pf]")
+    block_n, warps, block_kw, split, pf = match.groups()
+    cfg = WNA16RowConfig(int(block_n), int(warps), int(block_kw), int(split or 1), bool(pf))
+    return cfg if split else auto_split(cfg, n, kw, SM_COUNT)
+
+
 def _rowpair_configs(n: int, k: int, op: dict[str, Any], quick: bool, tiny: bool = False) -> list[WNA16RowConfig]:
     if tiny:
         return [_row(4), _row(8, split=3, prefetch=False), _row(16, 2, split=2),
                 _row(2, 1, reps=2, split=2)]
     kw = k * op["bits"] // 32
+    if NAMED_CONFIGS:
+        return [parse_config(name, n, kw) for name in NAMED_CONFIGS]
     base = [_row(8), _row(16), _row(8, prefetch=False), _row(4),
             _row(8, 2), _row(8, 4, prefetch=False)]
     return _sweep(base, lambda c: triton.cdiv(n, c.block_n), lambda c: triton.cdiv(kw, c.block_kw), quick)
@@ -313,7 +332,6 @@ def sass_report(args: argparse.Namespace) -> int:
     """Compile each kernel for sm_90a ahead of time (no GPU needed: triton's bundled ptxas / cuobjdump) and print
     SASS instructions per int32 weight word in its main loop, registers and spills: the numbers the designs
     were chosen by."""
-    import re
     import subprocess
     import tempfile
     from collections import Counter
@@ -398,7 +416,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-ms", type=int, default=3)
     parser.add_argument("--rep-ms", type=int, default=15)
     parser.add_argument("--rows", type=int, default=1, choices=range(1, 5), help="rows of x (1..4)")
+    parser.add_argument("--configs", nargs="*", default=[],
+                        help="wna16_row configs by name instead of the sweep, e.g. n4-w1-kw256-pf (no -s: auto_split)")
     args = parser.parse_args(argv)
+    NAMED_CONFIGS[:] = args.configs
     if args.sass:
         return sass_report(args)
     global SM_COUNT

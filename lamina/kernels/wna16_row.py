@@ -41,7 +41,7 @@ workspace (the layers of a model run one after another). Importing this module i
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -88,15 +88,19 @@ class WNA16RowConfig:
 
 @functools.lru_cache(maxsize=None)
 def default_config(n: int, k: int, num_bits: int, sms: int = INTERPRETER_SMS) -> WNA16RowConfig:
-    """4 rows, 1 warp, 128-word tiles, prefetch; K split until PROGRAMS_PER_SM programs per SM, each split at
-    least MIN_SPLIT_TILES tiles. The measured best family on the H200 (Llama-3-8B shapes, int4 g128 and int8 per
-    channel: benchmarks/results/2026-12-02-h200-gemv-variants.json, n4-w1-kw128): 132 SMs give split 1 for
-    qkv, gate_up and the LM head, 2 for o_proj and down (int4 o_proj's 4 tiles too: MIN_SPLIT_TILES 2)."""
-    cfg = WNA16RowConfig(4)
+    """4 rows, 1 warp, 128-word tiles, prefetch; K split by `auto_split`. The measured best family on the H200
+    (Llama-3-8B shapes, int4 g128 and int8 per channel: benchmarks/results/2026-12-02-h200-gemv-variants.json,
+    n4-w1-kw128): 132 SMs give split 1 for qkv, gate_up and the LM head, 2 for o_proj and down (int4 o_proj's 4
+    tiles too: MIN_SPLIT_TILES 2). Alone, int4 at one row runs 4-10 % faster in 256-word tiles, but a whole
+    engine step does not (docs/BENCHMARKS.md, twenty-second session)."""
+    return auto_split(WNA16RowConfig(4), n, k // (32 // num_bits), sms)
+
+
+def auto_split(cfg: WNA16RowConfig, n: int, kw: int, sms: int) -> WNA16RowConfig:
+    """cfg with K split until PROGRAMS_PER_SM programs per SM, each split at least MIN_SPLIT_TILES tiles."""
     blocks = triton.cdiv(n, cfg.block_n)
-    tiles = triton.cdiv(k // (32 // num_bits), cfg.block_kw)
-    split = max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, blocks), tiles // MIN_SPLIT_TILES))
-    return WNA16RowConfig(cfg.block_n, cfg.num_warps, cfg.block_kw, split, cfg.prefetch)
+    tiles = triton.cdiv(kw, cfg.block_kw)
+    return replace(cfg, split=max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, blocks), tiles // MIN_SPLIT_TILES)))
 
 
 _WORKSPACES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
