@@ -9,7 +9,7 @@ import torch
 
 from lamina.bench.sampling import chi2_critical
 from lamina.engine.request import Request
-from lamina.layers.sampler import (Sampler, SamplerOutput, process_logits,
+from lamina.layers.sampler import (Sampler, SamplerOutput, exponential_noise, process_logits,
                                    to_logprob_dicts)
 from lamina.sampling_params import SamplingParams
 from tests.helpers.sampling import metadata_for
@@ -113,6 +113,21 @@ def test_large_logits_are_stable() -> None:
 def test_tiny_top_p_keeps_the_top_token() -> None:
     counts = sample_counts(SamplingParams(top_p=1e-9), n=500)
     assert counts[2] == 500
+
+
+def test_exponential_noise_is_exp1() -> None:
+    """The race's noise: P(q > t) = e^-t within 5 sigma at several t over 200,000 draws, in the rows of the shared
+    generator and in a row with its own (a uniform, or a law with another rate, would fail), q >= 0; the same
+    generator state gives the same draws, whatever the other rows."""
+    like = torch.empty(3, 200_000)
+    q = exponential_noise(like, {1: torch.Generator().manual_seed(7)}, torch.Generator().manual_seed(8))
+    assert q.shape == like.shape and q.dtype == like.dtype and (q >= 0).all()
+    for row in (0, 1):
+        for t in (0.05, 0.5, 1.0, 2.0, 4.0):
+            tail, exact = (q[row] > t).double().mean().item(), math.exp(-t)
+            assert abs(tail - exact) < 5 * math.sqrt(exact * (1 - exact) / q.shape[1]), (row, t, tail, exact)
+    alone = exponential_noise(like[:1], {0: torch.Generator().manual_seed(7)}, None)
+    assert torch.equal(alone[0], q[1])
 
 
 def test_seeded_rows_distribution() -> None:
