@@ -6,6 +6,8 @@ cuBLAS on bf16, over a grid of configs on the Llama-3-8B shapes (decode, issue #
     python scripts/wna16_gemv_variants.py --tiny      # any machine: every config through the interpreter (CPU)
     python scripts/wna16_gemv_variants.py --sass      # any machine: compile for sm_90a ahead of time, count SASS
     python scripts/wna16_gemv_variants.py --rows 4    # 1..4 rows of x (wna16_row's MAX_M; default 1)
+    python scripts/wna16_gemv_variants.py --configs n4-w1-kw128-pf n2-w1-kw128-pf   # these configs, K split as
+                                                      # wna16_row.auto_split does (or -s<split> in the name)
 
 Why wna16_gemv is slow at one row: the GEMV should be a pure weight stream (H200 ~4.6 TB/s: int4 g128 is 4.2
 bytes a 32-bit word with its scales, ~1.1e12 words/s), but the K loop of its default config (n4-kw512-w4,

@@ -91,8 +91,8 @@ def default_config(n: int, k: int, num_bits: int, sms: int = INTERPRETER_SMS) ->
     """4 rows, 1 warp, 128-word tiles, prefetch; K split by `auto_split`. The measured best family on the H200
     (Llama-3-8B shapes, int4 g128 and int8 per channel: benchmarks/results/2026-12-02-h200-gemv-variants.json,
     n4-w1-kw128): 132 SMs give split 1 for qkv, gate_up and the LM head, 2 for o_proj and down (int4 o_proj's 4
-    tiles too: MIN_SPLIT_TILES 2). Alone, int4 at one row runs 4-10 % faster in 256-word tiles, but a whole
-    engine step does not (docs/BENCHMARKS.md, twenty-second session)."""
+    tiles too: MIN_SPLIT_TILES 2). int4 at one row in 256-word tiles: faster alone, not in an engine step
+    (docs/BENCHMARKS.md)."""
     return auto_split(WNA16RowConfig(4), n, k // (32 // num_bits), sms)
 
 
