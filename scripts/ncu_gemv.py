@@ -1,13 +1,14 @@
 """One decode GEMV of the Llama-3-8B shapes, launched a few times, for Nsight Compute (issue #13: why the int8
 weight-only GEMV streams slower than the bf16 one).
 
-    ncu --clock-control none --set full -k regex:"wna16_row|gemv_kernel" --launch-skip 2 --launch-count 1 \\
-        python scripts/ncu_gemv.py --kind int8 --shape gate_up
+    ncu --clock-control none --set full -k regex:"_wna16_row_kernel|_gemv_kernel" --launch-skip 2 \\
+        --launch-count 1 python scripts/ncu_gemv.py --kind int8 --shape gate_up
 
 --kind: bf16 (lamina.kernels.gemv, what the engine runs on a bf16 model), int8 (per channel, symmetric) or int4
-(g128 with zero points), both through lamina.kernels.wna16_row's default config; --rows 1..4. Each launch reads a
-fresh copy of the weight (--copies rotating copies, > L2), so a profiled launch streams from HBM as in a model.
-The output of the last launch is checked against the reference (a profile of a wrong kernel is worthless).
+(g128 with zero points), both through lamina.kernels.wna16_row's default config; --rows 1..4. The launches rotate
+over up to four weight copies, together larger than the 60 MB L2, so a profiled launch streams from HBM as in a
+model (ncu also flushes the caches between its passes). The output of the last launch is checked against the
+reference (a profile of a wrong kernel is worthless).
 """
 from __future__ import annotations
 
