@@ -93,17 +93,15 @@ def name(cfg: tuple[int, int, int, int]) -> str:
     return "n{}-kw{}-st{}-w{}".format(*cfg)
 
 
-def sass(args: argparse.Namespace) -> int:
+def sass() -> int:
     """Compile each config for sm_90 ahead of time (triton's bundled ptxas): registers, shared memory, and whether
     the copies are LDGSTS (cp.async)."""
     import re
-    import subprocess
-    import tempfile
 
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
+    from wna16_gemv_sass import disassemble  # scripts/wna16_gemv_sass.py, beside this file
 
-    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     fn = _cp_async_gemv_kernel
     for cfg in CONFIGS:
         block_n, block_kw, stages, warps = cfg
@@ -114,11 +112,7 @@ def sass(args: argparse.Namespace) -> int:
                                                                                 "KW", "stride_wn")}
         comp = triton.compile(GluonASTSource(fn, sig, ce, attrs), target=GPUTarget("cuda", 90, 32),
                               options=dict(num_warps=warps))
-        with tempfile.TemporaryDirectory() as d:
-            path = Path(d) / "k.cubin"
-            path.write_bytes(comp.asm["cubin"])
-            text = subprocess.run([bin_dir / "cuobjdump", "-sass", path], capture_output=True, text=True).stdout
-            res = subprocess.run([bin_dir / "cuobjdump", "-res-usage", path], capture_output=True, text=True).stdout
+        text, res = disassemble(comp.asm["cubin"])
         usage = " ".join(re.search(pattern, res).group(0) for pattern in (r"REG:\d+", r"SHARED:\d+", r"STACK:\d+"))
         counts = ", ".join(f"{op} {text.count(op)}" for op in ("LDGSTS", "LDG.E", "LDS", "BAR.SYNC", "FFMA", ";"))
         print(f"{name(cfg):<18} {usage}; {counts}")
@@ -131,7 +125,7 @@ def main() -> int:
     parser.add_argument("--shapes", nargs="*")
     args = parser.parse_args()
     if args.sass:
-        return sass(args)
+        return sass()
     from lamina.bench.gemv_sweep import _time_per_call
     from lamina.bench.quant_speed import quant_copy, reference
     from lamina.kernels.wna16_row import wna16_row_gemv

@@ -18,13 +18,25 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 
-def _error(exc: BaseException) -> str:
+BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"  # triton's own ptxas and cuobjdump
+
+
+def describe_error(exc: BaseException) -> str:
+    """An exception in one line (its type and the first 200 characters of its first line)."""
     return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
+
+
+def disassemble(cubin: bytes) -> tuple[str, str]:
+    """(SASS, resource usage) of a compiled kernel, by triton's bundled cuobjdump."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "k.cubin"
+        path.write_bytes(cubin)
+        return tuple(subprocess.run([BIN / "cuobjdump", flag, path], capture_output=True, text=True).stdout
+                     for flag in ("-sass", "-res-usage"))
 
 
 def sass_report() -> int:
     """Print each case's main-loop instructions per word, registers, stack and its most frequent opcodes."""
-    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     ptr_types = {"x_ptr": "*i32", "w_ptr": "*i32", "wt_ptr": "*i32", "mt_ptr": "*i32", "s_ptr": "*bf16",
                  "z_ptr": "*i8", "b_ptr": "*bf16", "out_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
     from lamina.kernels.wna16_gemv import _wna16_gemv_kernel
@@ -58,14 +70,9 @@ def sass_report() -> int:
             src = ASTSource(fn=fn, signature=sig, constexprs=ce, attrs=attrs)
             comp = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps,
                                                                                      num_stages=stages))
-            with tempfile.TemporaryDirectory() as d:
-                path = Path(d) / "k.cubin"
-                path.write_bytes(comp.asm["cubin"])
-                sass = subprocess.run([bin_dir / "cuobjdump", "-sass", path], capture_output=True, text=True).stdout
-                res = subprocess.run([bin_dir / "cuobjdump", "-res-usage", path], capture_output=True,
-                                     text=True).stdout
+            sass, res = disassemble(comp.asm["cubin"])
         except Exception as exc:  # noqa: BLE001
-            print(f"{label}: {_error(exc)}")
+            print(f"{label}: {describe_error(exc)}")
             continue
         ins = [(int(m.group(1), 16), m.group(2).strip()) for m in
                re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]

@@ -50,6 +50,7 @@ if "--tiny" in sys.argv:
 import triton  # noqa: E402
 
 from lamina.kernels.wna16_row import WNA16RowConfig, wna16_row_gemv  # noqa: E402
+from wna16_gemv_sass import describe_error, sass_report  # noqa: E402 - scripts/wna16_gemv_sass.py, beside this
 
 
 def _interpreter_round_to_nearest() -> None:
@@ -179,10 +180,6 @@ def _rowpair_configs(n: int, k: int, op: dict[str, Any], quick: bool, tiny: bool
 VARIANTS = [Variant("rowpair", rowpair_gemv, _rowpair_configs)]
 
 
-def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
-
-
 def _time(calls: list[Callable[[], Any]], args: argparse.Namespace) -> float | None:
     if args.tiny:
         return None
@@ -216,7 +213,7 @@ def run_quant(name: str, n: int, k: int, qname: str, quant: tuple, x: torch.Tens
             us = _time([lambda op=op: current(op) for op in order], args)
             row["current"] = dict(ok=ok, err=err, us=us, gbs=gbs(us))
         except Exception as exc:  # noqa: BLE001
-            row["current"] = dict(ok=False, error=_error(exc))
+            row["current"] = dict(ok=False, error=describe_error(exc))
     for var in VARIANTS:
         if args.variants and var.name not in args.variants:
             continue
@@ -228,7 +225,7 @@ def run_quant(name: str, n: int, k: int, qname: str, quant: tuple, x: torch.Tens
         try:
             vops = [var.prepare(op) for op in ops] if var.prepare else ops
         except Exception as exc:  # noqa: BLE001
-            res["prepare"] = dict(ok=False, error=_error(exc))
+            res["prepare"] = dict(ok=False, error=describe_error(exc))
             continue
         vorder = [vops[i % count] for i in range(len(order))]
         cfgs = var.configs(n, k, first, args.quick, args.tiny) if args.tiny else var.configs(n, k, first, args.quick)
@@ -245,7 +242,7 @@ def run_quant(name: str, n: int, k: int, qname: str, quant: tuple, x: torch.Tens
                     entry.update(us=us, gbs=gbs(us))
                 res[cfg.name] = entry
             except Exception as exc:  # noqa: BLE001 - compile error, out of resources, ...: record, keep going
-                res[cfg.name] = dict(ok=False, error=_error(exc))
+                res[cfg.name] = dict(ok=False, error=describe_error(exc))
         if var.prepare:
             del vops
     del ops, order
@@ -348,8 +345,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     NAMED_CONFIGS[:] = args.configs
     if args.sass:
-        from wna16_gemv_sass import sass_report  # scripts/wna16_gemv_sass.py, beside this file
-
         return sass_report()
     global SM_COUNT
     args.device = "cpu" if args.tiny else "cuda"
