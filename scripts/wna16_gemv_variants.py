@@ -1,13 +1,15 @@
-"""The one-row W4A16 / W8A16 GEMV (lamina.kernels.wna16_row, "rowpair") against lamina.kernels.wna16_gemv and
-cuBLAS on bf16, over a grid of configs on the Llama-3-8B shapes (decode, issue #13), checked and timed.
+"""The decode W4A16 / W8A16 GEMVs (lamina.kernels.wna16_row, "rowpair"; lamina.kernels.wna16_tc, "tc": its configs
+in scripts/wna16_tc_configs.py) against lamina.kernels.wna16_gemv and cuBLAS on bf16, over a grid of configs on
+the Llama-3-8B shapes (decode, issue #13), checked and timed.
 
     python scripts/wna16_gemv_variants.py             # CUDA: the Llama-3-8B shapes, int4 g128 and int8 per channel
     python scripts/wna16_gemv_variants.py --quick     # CUDA: one config family
     python scripts/wna16_gemv_variants.py --tiny      # any machine: every config through the interpreter (CPU)
     python scripts/wna16_gemv_variants.py --sass      # any machine: compile for sm_90a ahead of time, count SASS
-    python scripts/wna16_gemv_variants.py --rows 4    # 1..4 rows of x (wna16_row's MAX_M; default 1)
+    python scripts/wna16_gemv_variants.py --rows 4    # 1..8 rows of x (rowpair up to 4; default 1)
     python scripts/wna16_gemv_variants.py --configs n4-w1-kw128-pf n2-w1-kw128-pf   # these configs, K split as
                                                       # wna16_row.auto_split does (or -s<split> in the name)
+    python scripts/wna16_gemv_variants.py --variants tc --tc-configs t2-c2-pf t1-c2-s8-pf   # the same for tc
 
 Why wna16_gemv is slow at one row: the GEMV should be a pure weight stream (H200 ~4.6 TB/s: int4 g128 is 4.2
 bytes a 32-bit word with its scales, ~1.1e12 words/s), but the K loop of its default config (n4-kw512-w4,
@@ -51,6 +53,7 @@ import triton  # noqa: E402
 
 from lamina.kernels.wna16_row import WNA16RowConfig, wna16_row_gemv  # noqa: E402
 from wna16_gemv_sass import describe_error, sass_report  # noqa: E402 - scripts/wna16_gemv_sass.py, beside this
+from wna16_tc_configs import tc_configs, tc_gemv, tc_takes  # noqa: E402 - scripts/wna16_tc_configs.py, beside this
 
 
 def _interpreter_round_to_nearest() -> None:
@@ -145,7 +148,7 @@ class Variant:
     name: str
     run: Callable[[torch.Tensor, dict[str, Any], Any], torch.Tensor]
     configs: Callable[[int, int, dict[str, Any], bool], list[Any]]  # (n, k, op, quick) -> configs
-    takes: Callable[[dict[str, Any], int], bool] = lambda op, k: True
+    takes: Callable[[dict[str, Any], int, int], bool] = lambda op, k, rows: True  # (op, K, rows of x)
     prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # one-time repack of a weight copy
 
 
@@ -177,7 +180,10 @@ def _rowpair_configs(n: int, k: int, op: dict[str, Any], quick: bool, tiny: bool
     return _sweep(base, lambda c: triton.cdiv(n, c.block_n), lambda c: triton.cdiv(kw, c.block_kw), quick)
 
 
-VARIANTS = [Variant("rowpair", rowpair_gemv, _rowpair_configs)]
+VARIANTS = [Variant("rowpair", rowpair_gemv, _rowpair_configs, lambda op, k, rows: rows <= 4),
+            Variant("tc", tc_gemv, lambda n, k, op, quick, tiny=False: tc_configs(n, k, op, quick, tiny, SM_COUNT,
+                                                                                 NAMED_TC_CONFIGS), tc_takes)]
+NAMED_TC_CONFIGS: list[str] = []  # --tc-configs
 
 
 def _time(calls: list[Callable[[], Any]], args: argparse.Namespace) -> float | None:
@@ -219,7 +225,7 @@ def run_quant(name: str, n: int, k: int, qname: str, quant: tuple, x: torch.Tens
             continue
         res: dict[str, Any] = {}
         row["variants"][var.name] = res
-        if not var.takes(first, k):
+        if not var.takes(first, k, x.shape[0]):
             res["n/a"] = dict(ok=None, error=f"{var.name} does not take this weight (bits {bits}, group {gs}, K {k})")
             continue
         try:
@@ -339,11 +345,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rotate-mb", type=float, default=256.0, help="weight copies per shape: at least this much")
     parser.add_argument("--warmup-ms", type=int, default=3)
     parser.add_argument("--rep-ms", type=int, default=15)
-    parser.add_argument("--rows", type=int, default=1, choices=range(1, 5), help="rows of x (1..4)")
+    parser.add_argument("--rows", type=int, default=1, choices=range(1, 9), help="rows of x (1..8; rowpair 1..4)")
     parser.add_argument("--configs", nargs="*", default=[],
                         help="wna16_row configs by name instead of the sweep, e.g. n4-w1-kw256-pf (no -s: auto_split)")
+    parser.add_argument("--tc-configs", nargs="*", default=[],
+                        help="wna16_tc configs by name instead of the sweep, e.g. t2-c2-pf (no -s: auto_split)")
     args = parser.parse_args(argv)
     NAMED_CONFIGS[:] = args.configs
+    NAMED_TC_CONFIGS[:] = args.tc_configs
     if args.sass:
         return sass_report()
     global SM_COUNT

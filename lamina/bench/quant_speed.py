@@ -3,10 +3,10 @@
     python -m lamina.bench.quant_speed               # one GPU, ~5 minutes; JSON to $OUT (default ./out)
     python -m lamina.bench.quant_speed --tiny        # any machine: interpreter, tiny shapes, a tiny model
 
-(a) Kernels, 1..4 rows of x (bf16), each Llama-3-8B linear shape: cuBLAS (F.linear) and lamina's bf16 GEMV on
+(a) Kernels, 1..4 and 8 rows of x (bf16), each Llama-3-8B linear shape: cuBLAS (F.linear) and lamina's bf16 GEMV on
     a bf16 weight, and on random packed words the int4 (g128, asymmetric: rtn4's scheme) and int8 (per channel,
     symmetric: the int8 recipe's) kernel that the engine runs at that many rows (lamina.quant.wna16.decode_kernel:
-    wna16_row at 1..4 rows; the table names it). Timed as lamina.bench.gemv_sweep times: a CUDA
+    wna16_row or wna16_tc; the table names it). Timed as lamina.bench.gemv_sweep times: a CUDA
     graph of >= 16 calls rotating weight copies through > 256 MB (every call streams from HBM), do_bench median.
     GB/s counts the bytes a call must read (weights, scales, zero points). Each quantized kernel is checked
     against the reference path (dequantize + F.linear) first. Also: wna16_gemv's int4 candidate configs at 1 row
@@ -14,7 +14,7 @@
 (b) Engine: greedy decode tok/s of a Llama-3-8B-shape model on dummy weights (load_format="dummy" draws valid
     random integers and scales for quantized layers), bf16 vs int4 (rtn4, g128) vs int8, every linear layer
     quantized, the LM head included, at batch 1 and BATCH requests at once (every linear layer then multiplies
-    BATCH rows: the MMA kernel's range); the memory of each model's parameters.
+    BATCH rows: wna16_tc's range); the memory of each model's parameters.
 Bars: int4 >= 2.5x bf16 decode tok/s (target 3.2x), int8 >= 1.6x, int4 weights < 5.5 GB.
 """
 from __future__ import annotations
@@ -78,6 +78,7 @@ def _close(out: torch.Tensor, ref: torch.Tensor) -> bool:
 
 
 def kernel_shape(name: str, n: int, k: int, device: str, args: argparse.Namespace) -> dict[str, Any]:
+    from lamina.kernels.gemv import MAX_M as GEMV_MAX_M
     from lamina.kernels.gemv import gemv
     from lamina.kernels.wna16_gemm import wna16_gemm, wna16_matmul
     from lamina.kernels.wna16_gemv import CANDIDATE_CONFIGS, default_config, num_sms, wna16_gemv
@@ -105,14 +106,16 @@ def kernel_shape(name: str, n: int, k: int, device: str, args: argparse.Namespac
     for m in args.rows:
         x = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)
         r: dict[str, Any] = dict(cublas_us=_time([lambda w=w: F.linear(x, w) for w in order], device, args),
-                                 gemv_bf16_us=_time([lambda w=w: gemv(x, w) for w in order], device, args))
+                                 gemv_bf16_us=None)  # lamina's bf16 GEMV takes up to its MAX_M rows
+        if m <= GEMV_MAX_M:
+            r["gemv_bf16_us"] = _time([lambda w=w: gemv(x, w) for w in order], device, args)
         for qname, ops in quant.items():
-            fn = decode_kernel(m, k, ops[0]["bits"], ops[0]["group_size"], x.dtype)
+            fn = decode_kernel(m, n, k, ops[0]["bits"], ops[0]["group_size"], x.dtype)
             ok = _close(q_call(fn, x, ops[0]), reference(x, ops[0], k))
             us = _time([lambda op=op: q_call(fn, x, op) for op in ops], device, args)
             r.update({f"{qname}_us": us, f"{qname}_gbs": row[f"{qname}_bytes"] / us / 1e3, f"{qname}_ok": ok,
                       f"{qname}_kernel": getattr(fn, "func", fn).__name__})
-        best_bf16 = min(r["cublas_us"], r["gemv_bf16_us"])
+        best_bf16 = min(r["cublas_us"], r["gemv_bf16_us"] or math.inf)
         r.update(cublas_gbs=bf16_bytes / r["cublas_us"] / 1e3, int4_speedup=best_bf16 / r["int4_us"],
                  int8_speedup=best_bf16 / r["int8_us"])
         row["rows"][m] = r
@@ -197,7 +200,7 @@ def table(report: dict[str, Any]) -> str:
         for row in report["kernels"]:
             for m, r in row["rows"].items():
                 lines.append(f"{row['shape']:<8} {m:>4} | {r['cublas_us']:>9.1f} {r['cublas_gbs']:>6.0f} "
-                             f"{r['gemv_bf16_us']:>8.1f} | {r['int4_us']:>8.1f} {r['int4_gbs']:>6.0f} "
+                             f"{r['gemv_bf16_us'] or math.nan:>8.1f} | {r['int4_us']:>8.1f} {r['int4_gbs']:>6.0f} "
                              f"{r['int4_speedup']:>5.2f}x | {r['int8_us']:>8.1f} {r['int8_gbs']:>6.0f} "
                              f"{r['int8_speedup']:>5.2f}x | {r['int4_ok'] and r['int8_ok']} {r['int4_kernel']}")
         for row in report["kernels"]:
@@ -244,11 +247,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rep-ms", type=int, default=25)
     args = parser.parse_args(argv)
     args.deadline = time.monotonic() + args.budget_s
-    args.rows, args.gemm_rows, args.shapes = (1, 2, 3, 4), GEMM_ROWS, SHAPES
+    args.rows, args.gemm_rows, args.shapes = (1, 2, 3, 4, 8), GEMM_ROWS, SHAPES
     args.shape, args.dtype, args.device, args.kv_bytes = "llama3-8b", "bfloat16", "cuda", 2 << 30
     args.prompt_len, args.max_model_len, args.group_size = 128, 2048, 128
     if args.tiny:
-        args.rows, args.gemm_rows, args.shapes = (1, 3), (9,), TINY_SHAPES
+        args.rows, args.gemm_rows, args.shapes = (1, 3, 8), (9,), TINY_SHAPES
         args.shape, args.dtype, args.device, args.kv_bytes = "tiny", "float32", "cpu", 1 << 24
         args.prompt_len, args.max_model_len, args.new_tokens = 8, 128, min(args.new_tokens, 6)
         args.group_size = 32  # the tiny model's hidden size is 64

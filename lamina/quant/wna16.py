@@ -10,10 +10,11 @@ Parameters of one layer (rows = the sum of its fused output sizes, groups = in /
                                                          packs it along rows, across fused shards' borders)
     weight_shape       int64 [shards, 2]                 each shard's (out, in), checked against the layer
 
-`apply` runs the Triton kernels that `kernel_for` picks on CUDA (lamina/kernels/wna16_row.py for 1..4 bf16 rows,
-wna16_gemv.py for one fp16 row, wna16_mma.py for up to 16, wna16_gemm.wna16_matmul for more: they read these same
-parameters, the checkpoint's layout, so nothing is repacked after loading), else the reference path: dequantize
-the whole weight and multiply (exact, any device, not fast; the kernels' oracle).
+`apply` runs the Triton kernels that `kernel_for` picks on CUDA (lamina/kernels/wna16_tc.py for 2..8 bf16 rows
+at 4 bits, 4..8 at 8, and the int4 LM head's one; wna16_row.py for other bf16 rows up to 4, wna16_gemv.py for one
+fp16 row, wna16_mma.py for up to 16, wna16_gemm.wna16_matmul for more: they read these same parameters, the
+checkpoint's layout, so nothing is repacked after loading), else the reference path: dequantize the whole weight
+and multiply (exact, any device, not fast; the kernels' oracle).
 """
 from __future__ import annotations
 
@@ -38,11 +39,13 @@ Kernel = Callable[[nn.Module, torch.Tensor, torch.Tensor | None], torch.Tensor]
 def kernel_for(x: torch.Tensor, layer: nn.Module, args: WeightQuantArgs) -> Kernel | None:
     """The fast W4A16 / W8A16 path (issue #13): on CUDA (dispatch.on_kernel_device), for fp16 / bf16 x with
     scales of x's dtype and triton importable. When the layer's KernelChoice allows decode-sized kernels:
-    1..GEMV_ROWS rows: lamina.kernels.wna16_row where it takes the operands (bf16 x; K whole words, groups of
-    whole 4-word chunks: 32 values at 4 bits, 16 at 8, or per channel); else one row lamina.kernels.wna16_gemv,
-    2..16 rows wna16_mma (where K and the group size are multiples of 16; else the GEMV up to its MAX_M);
-    lamina.kernels.wna16_gemm.wna16_matmul for the rest. None runs the reference path (GEMV_ROWS' comment has
-    the measurements that chose the kernels).
+    up to 8 bf16 rows as `_takes_tc` says (int4 2..8 and the LM head's one, int8 4..8): lamina.kernels.wna16_tc
+    (the tensor-core GEMV) where it takes the operands (K and groups whole 16-word chunks: 128 values at 4 bits,
+    64 at 8, or per channel); else 1..GEMV_ROWS rows lamina.kernels.wna16_row where it takes them (bf16 x; K whole
+    words, groups of whole 4-word chunks: 32 values at 4 bits, 16 at 8, or per channel); else one row
+    lamina.kernels.wna16_gemv, 2..16 rows wna16_mma (where K and the group size are multiples of 16; else the
+    GEMV up to its MAX_M); lamina.kernels.wna16_gemm.wna16_matmul for the rest. None runs the reference path
+    (GEMV_ROWS' and TC_ONE_ROW_MIN_N's comments have the measurements that chose the kernels).
     Pack-quantized 4- and 8-bit weights, and naive int8 ones whose rows are whole int32 words. Triton is
     imported on the first CUDA call only, never on CPU."""
     if not (dispatch.on_kernel_device(x) and x.dtype in dispatch.GEMV_DTYPES) or getattr(args, "type", "int") != "int":
@@ -63,8 +66,9 @@ def kernel_for(x: torch.Tensor, layer: nn.Module, args: WeightQuantArgs) -> Kern
     if kernels is None:
         return None
     choice = getattr(layer, "kernels", dispatch.DEFAULT_KERNELS)
-    fn = _kernel(kernels, x.numel() // x.shape[-1], x.shape[-1], args.num_bits, group_size, x.dtype, choice.gemv,
-                 dispatch.pdl_for(x, choice))
+    rows_out = (words if words is not None else layer.weight).shape[0]
+    fn = _kernel(kernels, x.numel() // x.shape[-1], rows_out, x.shape[-1], args.num_bits, group_size, x.dtype,
+                 choice.gemv, dispatch.pdl_for(x, choice))
 
     def run(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
@@ -85,13 +89,35 @@ _NAIVE_INT8_XOR = -0x7F7F7F80  # lamina.kernels.wna16_gemv.NAIVE_INT8_XOR, witho
 # rows: int8 2.90 / 4.06 against the MMA kernel's 6.58 / 6.62, int4 2.62 / 3.67 against 4.72 / 4.76, bf16
 # 4.58 / 4.67. Dequantize + cuBLAS at 16 rows: 1.7-9.4x the MMA kernel's time per shape.
 GEMV_ROWS = 4
+# The tensor-core GEMV lamina.kernels.wna16_tc, where it takes the operands: its time hardly grows with the rows of
+# x (up to 8), where wna16_row's does. int4: from 2 rows on, and at one row for weights of at least
+# TC_ONE_ROW_MIN_N rows (the LM head); int8: from TC_INT8_MIN_ROWS rows on. H200, Llama-3-8B shapes, int4 g128 /
+# int8 per channel, us, wna16_tc / wna16_row (benchmarks/results/2026-12-04-h200-s23-tc-variants-*.json): int4 at
+# 1 row qkv 11.1 / 7.6, gate_up 24.4 / 23.9, down 18.8 / 15.2, LM head 79.0 / 92.3; at 4 rows qkv 11.1 / 12.1,
+# gate_up 24.1 / 45.7, down 18.0 / 28.2, LM head 92.9 / 186.6; int8 at 2 rows qkv 14.4 / 11.4, gate_up 38.4 / 35.1,
+# LM head 137.7 / 131.9 (at 1 row the LM head 134.1 / 119.8). A decode step (scripts/profile_decode.py, ms, this
+# choice against wna16_row / wna16_mma alone; ...-s23-tc-int8-profile-decode-ab.json): int4 at batch 1 / 2 / 4 / 8
+# 2.10 / 2.31 / 2.45 / 2.84 against 2.11 / 2.61 / 3.66 / 4.85; int8 with wna16_tc from 2 rows 3.37 / 3.54 / 3.79
+# at 2 / 4 / 8 against 2.88 / 4.05 / 6.69.
+TC_ONE_ROW_MIN_N = 65536
+TC_INT8_MIN_ROWS = 4
 
 
-def _kernel(kernels: tuple[ModuleType, ...], rows: int, k: int, num_bits: int, group_size: int | None,
+def _takes_tc(tc: ModuleType, rows: int, n: int, k: int, num_bits: int, group_size: int | None,
+              dtype: torch.dtype) -> bool:
+    """Whether kernel_for picks lamina.kernels.wna16_tc (the comment above)."""
+    wanted = rows > 1 or n >= TC_ONE_ROW_MIN_N if num_bits == 4 else rows >= TC_INT8_MIN_ROWS
+    return wanted and tc.takes(dtype, rows, k, num_bits, group_size)
+
+
+def _kernel(kernels: tuple[ModuleType, ...], rows: int, n: int, k: int, num_bits: int, group_size: int | None,
             dtype: torch.dtype, small: bool, pdl: bool) -> Callable[..., torch.Tensor]:
-    """The kernel function for `rows` rows of x of `dtype` (kernel_for's docstring); small: decode-sized kernels
-    allowed; pdl: the one-row kernel launches with programmatic dependent launch (lamina.kernels.pdl)."""
-    gemv, mma, gemm, row = kernels
+    """The kernel function for `rows` rows of x of `dtype` and a weight of n rows (kernel_for's docstring); small:
+    decode-sized kernels allowed; pdl: the decode kernels launch with programmatic dependent launch
+    (lamina.kernels.pdl)."""
+    gemv, mma, gemm, row, tc = kernels
+    if small and _takes_tc(tc, rows, n, k, num_bits, group_size, dtype):
+        return functools.partial(tc.wna16_tc_gemv, pdl=pdl)
     if small and rows <= GEMV_ROWS and row.takes(dtype, rows, k, num_bits, group_size):
         return functools.partial(row.wna16_row_gemv, pdl=pdl)
     if small and 1 < rows <= mma.MAX_M and mma.takes(k, group_size):
@@ -101,23 +127,24 @@ def _kernel(kernels: tuple[ModuleType, ...], rows: int, k: int, num_bits: int, g
     return gemm.wna16_matmul
 
 
-def decode_kernel(rows: int, k: int, num_bits: int, group_size: int | None,
+def decode_kernel(rows: int, n: int, k: int, num_bits: int, group_size: int | None,
                   dtype: torch.dtype) -> Callable[..., torch.Tensor]:
     """The kernel function kernel_for runs for `rows` rows of x (decode-sized kernels allowed, no PDL), for
     benchmarks; imports triton."""
     kernels = _wna16_kernels()
     assert kernels is not None, "the W4A16 / W8A16 kernels need triton"
-    return _kernel(kernels, rows, k, num_bits, group_size, dtype, small=True, pdl=False)
+    return _kernel(kernels, rows, n, k, num_bits, group_size, dtype, small=True, pdl=False)
 
 
 @functools.cache
-def _wna16_kernels() -> tuple[ModuleType, ModuleType, ModuleType, ModuleType] | None:
-    """(wna16_gemv, wna16_mma, wna16_gemm, wna16_row), imported on the first call (they import triton)."""
+def _wna16_kernels() -> tuple[ModuleType, ...] | None:
+    """(wna16_gemv, wna16_mma, wna16_gemm, wna16_row, wna16_tc), imported on the first call (they import
+    triton)."""
     try:
-        from lamina.kernels import wna16_gemm, wna16_gemv, wna16_mma, wna16_row
+        from lamina.kernels import wna16_gemm, wna16_gemv, wna16_mma, wna16_row, wna16_tc
     except ImportError:  # no triton: the reference path
         return None
-    return wna16_gemv, wna16_mma, wna16_gemm, wna16_row
+    return wna16_gemv, wna16_mma, wna16_gemm, wna16_row, wna16_tc
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None) -> torch.Tensor:

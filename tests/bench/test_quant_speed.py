@@ -66,10 +66,13 @@ def test_kernel_part_runs_under_the_interpreter(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((tmp_path / "quant_speed.json").read_text())
     (row,) = report["kernels"]
-    assert set(row["rows"]) == {"1", "3"}
+    assert set(row["rows"]) == {"1", "3", "8"}
     assert all(r["int4_ok"] and r["int8_ok"] for r in row["rows"].values())
     assert row["gemm"]["9"]["ok"] and row["int4_configs"]["best"] is not None
     assert "int4 wna16_gemv default" in done.stdout
-    # the kernel the engine runs at each row count
-    assert row["rows"]["1"]["int4_kernel"] == "wna16_row_gemv" and row["rows"]["3"]["int8_kernel"] == "wna16_row_gemv"
+    # the kernel the engine runs at each row count (lamina.quant.wna16._takes_tc)
+    kernels = {m: (r["int4_kernel"], r["int8_kernel"]) for m, r in row["rows"].items()}
+    assert kernels == {"1": ("wna16_row_gemv", "wna16_row_gemv"), "3": ("wna16_tc_gemv", "wna16_row_gemv"),
+                       "8": ("wna16_tc_gemv", "wna16_tc_gemv")}
+    assert row["rows"]["8"]["gemv_bf16_us"] is None  # lamina's bf16 GEMV takes up to 4 rows
     assert torch.isfinite(torch.tensor(row["rows"]["1"]["int4_us"]))

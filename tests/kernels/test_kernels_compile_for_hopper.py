@@ -81,7 +81,7 @@ def test_the_shipped_fp8_gemm_configs_compile_for_sm90() -> None:
 
 
 PDL_SCRIPT = textwrap.dedent('''
-    from lamina.kernels import decode_attention, fused_ops, gemv, store_kv, wna16_row
+    from lamina.kernels import decode_attention, fused_ops, gemv, store_kv, wna16_row, wna16_tc
     from tests.kernels.sm90 import compile_sm90
 
     def ops_in_order(name, fn, constexprs, types, **options):
@@ -108,6 +108,10 @@ PDL_SCRIPT = textwrap.dedent('''
                  dict(BITS=8, XOR=0, GROUP_KW=1 << 30, HAS_ZERO=False, HAS_BIAS=False, EVEN_K=True, M=1, BLOCK_N=4,
                       BLOCK_KW=128, IS_SPLIT=True, PREFETCH=True, PRMT=True),
                  dict(types, x_ptr="*i32", w_ptr="*i32", s_ptr="*bf16", z_ptr="*i8", cnt_ptr="*i32"), num_warps=1)
+    ops_in_order("wna16_tc", wna16_tc._wna16_tc_kernel,
+                 dict(BITS=4, XOR=0, GROUP_KW=16, HAS_ZERO=True, HAS_BIAS=True, TILES=2, CHUNKS=2, IS_SPLIT=True,
+                      PREFETCH=True, COMPILED=True),
+                 dict(types, x_ptr="*i32", w_ptr="*i32", s_ptr="*bf16", z_ptr="*i8", cnt_ptr="*i32"), num_warps=1)
     ops_in_order("rms_norm", fused_ops._rms_norm_kernel, dict(HAS_RESIDUAL=True, BLOCK=4096), types, num_warps=8)
     ops_in_order("rotary", fused_ops._rotary_kernel, dict(BLOCK=64), types, num_warps=1)
     ops_in_order("silu_and_mul", fused_ops._silu_and_mul_kernel, dict(BLOCK=1024), types, num_warps=4)
@@ -122,7 +126,7 @@ PDL_SCRIPT = textwrap.dedent('''
 
 # Each kernel's PTX up to its wait: the GEMVs and the norm load their weights first (so that those loads overlap the
 # kernel before); the weight-only GEMV and decode attention let the next kernel in only after their main loop.
-BEFORE_WAIT = {"gemv": ["griddepcontrol.launch_dependents", "ld"], "wna16_row": ["ld"],
+BEFORE_WAIT = {"gemv": ["griddepcontrol.launch_dependents", "ld"], "wna16_row": ["ld"], "wna16_tc": ["ld"],
                "rms_norm": ["griddepcontrol.launch_dependents", "ld"], "rotary": ["griddepcontrol.launch_dependents"],
                "silu_and_mul": ["griddepcontrol.launch_dependents"], "store_kv": ["griddepcontrol.launch_dependents"],
                "decode_attention": [], "decode_reduce": ["griddepcontrol.launch_dependents"]}
@@ -176,3 +180,31 @@ def test_int8_gemv_unpacks_each_byte_with_one_prmt() -> None:
     for j, selector in enumerate(selectors):
         for w in words:
             assert _prmt(w, MAGIC8, selector) == ((w >> 8 * j) & 0xFF) << 8 | MAGIC8, (hex(selector), hex(w))
+
+
+TC_SCRIPT = textwrap.dedent('''
+    import sys
+    from lamina.kernels import wna16_tc
+    from tests.kernels.sm90 import compile_sm90
+
+    bits = int(sys.argv[1])
+    constexprs = dict(BITS=bits, XOR=0 if bits == 4 else -0x7F7F7F80, GROUP_KW=16, HAS_ZERO=bits == 4,
+                      HAS_BIAS=bits == 8, TILES=2, CHUNKS=2, IS_SPLIT=bits == 4, PREFETCH=True, PDL=False,
+                      COMPILED=True)
+    types = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*i8", "b_ptr": "*bf16",
+             "out_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
+    compiled = compile_sm90(wna16_tc._wna16_tc_kernel, constexprs, types, num_warps=1)
+    ptx, ttgir = compiled.asm["ptx"], compiled.asm["ttgir"]
+    print(compiled.metadata.shared, ptx.count("mma.sync.aligned.m16n8k16"), ttgir.count("convert_layout"))
+''')
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_tensor_core_gemv_compiles_from_registers(bits: int) -> None:
+    """lamina.kernels.wna16_tc compiles for sm_90 (its inline PTX assembles) with its MMAs fed from registers: no
+    layout conversion (one of the K loop's sums would stage them through shared memory every step) and no shared
+    memory but split K's 4 bytes (the arrival counter's value, broadcast to the warp; int4 is split here)."""
+    done = run_compiled(TC_SCRIPT, str(bits))
+    assert done.returncode == 0, done.stderr[-3000:]
+    shared, mmas, conversions = map(int, done.stdout.split())
+    assert shared == (4 if bits == 4 else 0) and conversions == 0 and mmas > 0, done.stdout

@@ -9,12 +9,12 @@ import torch
 pytest.importorskip("triton")
 
 from lamina.config import KernelChoice  # noqa: E402
-from lamina.kernels import wna16_gemm, wna16_gemv, wna16_mma, wna16_row  # noqa: E402
+from lamina.kernels import wna16_gemm, wna16_gemv, wna16_mma, wna16_row, wna16_tc  # noqa: E402
 from lamina.layers import dispatch  # noqa: E402
 from lamina.layers.linear import MergedColumnParallelLinear  # noqa: E402
 from lamina.quant.config import WeightQuantArgs  # noqa: E402
 from lamina.quant.packing import pack_int32  # noqa: E402
-from lamina.quant.wna16 import WNA16LinearMethod, kernel_for  # noqa: E402
+from lamina.quant.wna16 import TC_ONE_ROW_MIN_N, WNA16LinearMethod, _takes_tc, kernel_for  # noqa: E402
 from tests.kernels.test_wna16 import assert_matches  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("bf16_round_to_nearest")
@@ -22,14 +22,14 @@ IN, OUT = (64, [24, 13])  # a fused layer of two shards, 37 rows in all
 
 
 def _layer(args: WeightQuantArgs, kernels: KernelChoice = KernelChoice(), seed: int = 0,
-           dtype: torch.dtype = torch.bfloat16) -> MergedColumnParallelLinear:
-    """A gate_up-like layer in `dtype` with random integers, scales, zero points and bias."""
+           dtype: torch.dtype = torch.bfloat16, size: int = IN) -> MergedColumnParallelLinear:
+    """A gate_up-like layer in `dtype` (`size` inputs) with random integers, scales, zero points and bias."""
     g = torch.Generator().manual_seed(seed)
-    layer = MergedColumnParallelLinear(IN, OUT, bias=True, quant_method=WNA16LinearMethod(args),
+    layer = MergedColumnParallelLinear(size, OUT, bias=True, quant_method=WNA16LinearMethod(args),
                                        kernels=kernels).to(dtype)
-    rows, groups = sum(OUT), args.num_groups(IN)
+    rows, groups = sum(OUT), args.num_groups(size)
     lo, hi = -(1 << (args.num_bits - 1)), (1 << (args.num_bits - 1)) - 1
-    q = torch.randint(lo, hi + 1, (rows, IN), generator=g).to(torch.int8)
+    q = torch.randint(lo, hi + 1, (rows, size), generator=g).to(torch.int8)
     with torch.no_grad():
         if args.layout == "pack-quantized":
             layer.weight_packed.copy_(pack_int32(q, args.num_bits))
@@ -49,7 +49,7 @@ def kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     calls: list[tuple[str, int]] = []
     monkeypatch.setattr(dispatch, "on_kernel_device", lambda x: True)
     for module, name in ((wna16_row, "wna16_row_gemv"), (wna16_gemv, "wna16_gemv"), (wna16_mma, "wna16_mma"),
-                         (wna16_gemm, "wna16_matmul")):
+                         (wna16_gemm, "wna16_matmul"), (wna16_tc, "wna16_tc_gemv")):
         def counting(x: torch.Tensor, *a, _f=getattr(module, name), _n=name, **kw) -> torch.Tensor:
             calls.append((_n, x.shape[0]))
             return _f(x, *a, **kw)
@@ -72,8 +72,36 @@ def test_layer_routes_rows_and_matches_the_reference(args: WeightQuantArgs,
         out = layer(x)
         assert out.shape == (*shape[:-1], sum(OUT))
         assert_matches(out.reshape(-1, sum(OUT)), expected.reshape(-1, sum(OUT)))
-    assert kernel_calls == [("wna16_row_gemv", 1), ("wna16_row_gemv", 4), ("wna16_row_gemv", 2), ("wna16_row_gemv", 3),
+    # int8 per channel over K = 64 is one whole chunk of the tensor-core GEMV: it takes the 4 rows
+    four = "wna16_tc_gemv" if args.num_bits == 8 and args.strategy == "channel" else "wna16_row_gemv"
+    assert kernel_calls == [("wna16_row_gemv", 1), (four, 4), ("wna16_row_gemv", 2), ("wna16_row_gemv", 3),
                             ("wna16_mma", 16), ("wna16_matmul", 21)]
+
+
+@pytest.mark.parametrize("args,kernels", [
+    (WeightQuantArgs(4, False, "group", 128), ["wna16_row_gemv", "wna16_tc_gemv", "wna16_tc_gemv", "wna16_tc_gemv",
+                                               "wna16_mma"]),
+    (WeightQuantArgs(8, True, "channel"), ["wna16_row_gemv", "wna16_row_gemv", "wna16_tc_gemv", "wna16_tc_gemv",
+                                          "wna16_mma"])], ids=["int4-g128", "int8-channel"])
+def test_tensor_core_gemv_takes_its_rows(args: WeightQuantArgs, kernels: list[str],
+                                         kernel_calls: list[tuple[str, int]]) -> None:
+    """K whole chunks (128 here): int4 from 2 rows on, int8 from 4 (lamina.quant.wna16._takes_tc), up to 8 rows;
+    16 rows the MMA kernel. Each as the reference."""
+    layer = _layer(args, size=128)
+    for rows in (1, 3, 4, 8, 16):
+        x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
+        expected = torch.nn.functional.linear(x, layer.quant_method.dequantized_weight(layer), layer.bias)
+        assert_matches(layer(x), expected)
+    assert kernel_calls == list(zip(kernels, (1, 3, 4, 8, 16)))
+
+
+def test_one_row_takes_the_tensor_core_gemv_for_the_lm_head() -> None:
+    """One row: the tensor-core GEMV for int4 weights of at least TC_ONE_ROW_MIN_N rows (the LM head), never at
+    int8 (measured slower there)."""
+    assert _takes_tc(wna16_tc, 1, TC_ONE_ROW_MIN_N, 4096, 4, 128, torch.bfloat16)
+    assert not _takes_tc(wna16_tc, 1, TC_ONE_ROW_MIN_N - 1, 4096, 4, 128, torch.bfloat16)
+    assert not _takes_tc(wna16_tc, 1, TC_ONE_ROW_MIN_N, 4096, 8, None, torch.bfloat16)
+    assert not _takes_tc(wna16_tc, 1, TC_ONE_ROW_MIN_N, 4096, 4, 32, torch.bfloat16)  # a group of a quarter chunk
 
 
 @pytest.mark.parametrize("args", ARGS[:2], ids=lambda a: f"int{a.num_bits}-{a.strategy}")
