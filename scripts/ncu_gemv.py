@@ -6,7 +6,7 @@ weight-only GEMV streams slower than the bf16 one).
 
 --kind: bf16 (lamina.kernels.gemv, what the engine runs on a bf16 model), int8 (per channel, symmetric) or int4
 (g128 with zero points), both through the default config of lamina.kernels.wna16_row, or of wna16_tc with
---kernel tc; --rows 1..4 (1..8 with tc). The launches rotate
+--kernel tc; --rows 1..4 (1..16 with tc). The launches rotate
 over up to four weight copies, together larger than the 60 MB L2, so a profiled launch streams from HBM as in a
 model (ncu also flushes the caches between its passes). The output of the last launch is checked against the
 reference (a profile of a wrong kernel is worthless).

@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rotate-mb", type=float, default=256.0, help="weight copies per shape: at least this much")
     parser.add_argument("--warmup-ms", type=int, default=3)
     parser.add_argument("--rep-ms", type=int, default=15)
-    parser.add_argument("--rows", type=int, default=1, choices=range(1, 9), help="rows of x (1..8; rowpair 1..4)")
+    parser.add_argument("--rows", type=int, default=1, choices=range(1, 17), help="rows of x (1..16; rowpair 1..4)")
     parser.add_argument("--configs", nargs="*", default=[],
                         help="wna16_row configs by name instead of the sweep, e.g. n4-w1-kw256-pf (no -s: auto_split)")
     parser.add_argument("--tc-configs", nargs="*", default=[],

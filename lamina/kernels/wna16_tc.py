@@ -11,7 +11,8 @@ lamina.kernels.wna16_row multiplies each weight value into each row of x with an
 with the rows (int4: 30.6 a word at 1 row, 68.4 at 4). Here a word's values become bf16 pairs in registers (int4:
 3 SHF and 4 LOP3 for 8 values; int8: a PRMT and an FADD a value, a PRMT a pair) that feed `mma.sync` directly
 (lamina/kernels/wna16_frags.py has the fragment layout): the tensor core does the sums, for up to 8 rows of x at
-the cost of one. lamina.quant.wna16 says where it runs (from 2 rows on at int4, 4 at int8, and the int4 LM head).
+the cost of one; rows 9..16 are a second block, the same A fragments into a second MMA chain (ptxas shares the
+unpacking). lamina.quant.wna16 says where it runs (from 2 rows on at int4, 4 at int8, and the int4 LM head).
 
 A program is one warp (lane 4 g + t) over TILES tiles of 16 weight rows; it walks K in steps of CHUNKS chunks of
 16 words: lane (g, t) loads words 16 c + 4 t .. + 3 of rows g and g + 8 of each tile (16-byte loads), the next
@@ -43,7 +44,7 @@ from lamina.kernels.wna16_frags import load_f32, mma_chain, store_f32, x_frags, 
 from lamina.kernels.wna16_gemv import CHANNEL_GROUP, INTERPRETER_SMS, check_inputs, num_sms
 from lamina.kernels.wna16_row import MIN_SPLIT_TILES, PROGRAMS_PER_SM, workspace
 
-MAX_M = 8  # rows of x: the MMA's 8 columns
+MAX_M = 16  # rows of x: two blocks of the MMA's 8 columns
 CHUNK_WORDS = 16  # words of a row a chunk covers: 4 lanes x 4 words, 128 values
 
 
@@ -105,29 +106,57 @@ def _row_params(ptr, ra, rb, stride, grp, slot_a, other, COMPILED: tl.constexpr)
 
 
 @triton.jit
-def _finish(acc, rows, ms, b_ptr, out_ptr, stride_om, ws_ptr, cnt_ptr, M, N, split, block,
-            HAS_BIAS: tl.constexpr, IS_SPLIT: tl.constexpr, COMPILED: tl.constexpr):
-    """Store acc (+ bias) at out[ms, rows] (rows < N, ms < M); split K: partials to ws[split index, m, n], the
-    last program of the row block to arrive adds them in split order (lamina.kernels.wna16_row's scheme)."""
+def _block_sums(wa, wb, frags, scale, zb, BITS: tl.constexpr, TILES: tl.constexpr, CHUNKS: tl.constexpr,
+                HAS_ZERO: tl.constexpr, COMPILED: tl.constexpr):
+    """One block of 8 rows of x over a K step: the sum over its chunks of scale * (D - zb * sum(x)), [8, TILES, 16]
+    (int8 without zero points: zb = 0, no x sums)."""
+    d = mma_chain(wa, wb, frags, BITS, TILES, CHUNKS, COMPILED)
+    if HAS_ZERO or BITS == 4:
+        d -= zb * x_sums(frags, BITS, CHUNKS, COMPILED)
+    return tl.sum(scale * d, axis=2)
+
+
+@triton.jit
+def _store_out(acc, acc2, rows, ms, mask, mask2, b_ptr, out_ptr, stride_om, M, HAS_BIAS: tl.constexpr,
+               XB: tl.constexpr, COMPILED: tl.constexpr):
+    """out[ms, rows] = acc (+ bias), and out[ms + 8, rows] = acc2 with two blocks of x's rows (XB 2)."""
+    if HAS_BIAS:
+        bias = load_f32(b_ptr + rows, COMPILED)
+        acc += bias
+        acc2 += bias
+    store_f32(out_ptr + ms * stride_om + rows, acc, mask, COMPILED)
+    if XB == 2:
+        store_f32(out_ptr + tl.minimum(ms + 8, M - 1) * stride_om + rows, acc2, mask2, COMPILED)
+
+
+@triton.jit
+def _finish(acc, acc2, rows, ms, b_ptr, out_ptr, stride_om, ws_ptr, cnt_ptr, M, N, split, block,
+            HAS_BIAS: tl.constexpr, IS_SPLIT: tl.constexpr, XB: tl.constexpr, COMPILED: tl.constexpr):
+    """Store acc (+ bias) at out[ms, rows] and acc2 at out[ms + 8, rows] (rows < N, rows of x < M); split K:
+    partials to ws[split index, m, n], the last program of the row block to arrive adds them in split order
+    (lamina.kernels.wna16_row's scheme)."""
     mask = (rows < N) & (ms < M)
+    mask2 = (rows < N) & (ms + 8 < M)
     rows = tl.minimum(rows, N - 1)  # in bounds: loads unmasked
     ms = tl.minimum(ms, M - 1)
     if IS_SPLIT:
+        ms2 = tl.minimum(ms + 8, M - 1)
         store_f32(ws_ptr + (tl.program_id(1) * M + ms) * N + rows, acc, mask, COMPILED)
+        if XB == 2:
+            store_f32(ws_ptr + (tl.program_id(1) * M + ms2) * N + rows, acc2, mask2, COMPILED)
         tl.debug_barrier()  # every lane's partials written before the release below
         done = tl.atomic_add(cnt_ptr + block, 1, sem="acq_rel")
         if done == split - 1:
             acc = tl.zeros_like(acc)
+            acc2 = tl.zeros_like(acc2)
             for sp in range(split):
                 acc += load_f32(ws_ptr + (sp * M + ms) * N + rows, COMPILED)
-            if HAS_BIAS:
-                acc += load_f32(b_ptr + rows, COMPILED)
-            store_f32(out_ptr + ms * stride_om + rows, acc, mask, COMPILED)
+                if XB == 2:
+                    acc2 += load_f32(ws_ptr + (sp * M + ms2) * N + rows, COMPILED)
+            _store_out(acc, acc2, rows, ms, mask, mask2, b_ptr, out_ptr, stride_om, M, HAS_BIAS, XB, COMPILED)
             tl.store(cnt_ptr + block, 0)
     else:
-        if HAS_BIAS:
-            acc += load_f32(b_ptr + rows, COMPILED)
-        store_f32(out_ptr + ms * stride_om + rows, acc, mask, COMPILED)
+        _store_out(acc, acc2, rows, ms, mask, mask2, b_ptr, out_ptr, stride_om, M, HAS_BIAS, XB, COMPILED)
 
 
 @triton.jit(do_not_specialize=["split"])  # one compile for every split count > 1
@@ -135,9 +164,10 @@ def _wna16_tc_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr
                      stride_xm, stride_om, stride_wn, stride_sn, stride_zn,
                      BITS: tl.constexpr, XOR: tl.constexpr, GROUP_KW: tl.constexpr, HAS_ZERO: tl.constexpr,
                      HAS_BIAS: tl.constexpr, TILES: tl.constexpr, CHUNKS: tl.constexpr, IS_SPLIT: tl.constexpr,
-                     PREFETCH: tl.constexpr, PDL: tl.constexpr, COMPILED: tl.constexpr):
-    """x_ptr: x as int32 bf16 pairs (row stride stride_xm pairs). Rows past N are clamped for the loads and
-    masked at the store; x's rows past M are clamped (their MMA columns are never stored)."""
+                     PREFETCH: tl.constexpr, XB: tl.constexpr, PDL: tl.constexpr, COMPILED: tl.constexpr):
+    """x_ptr: x as int32 bf16 pairs (row stride stride_xm pairs); XB blocks of 8 rows of x (1 or 2: each word's
+    A fragments feed one MMA chain a block). Rows past N are clamped for the loads and masked at the store;
+    x's rows past M are clamped (their MMA columns are never stored)."""
     STEP: tl.constexpr = 16 * CHUNKS
     g = tl.arange(0, 8)[:, None, None, None]
     tj = tl.arange(0, 16)[None, None, None, :]
@@ -150,10 +180,12 @@ def _wna16_tc_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr
     rb = tl.minimum(row_a + 8, N - 1).to(tl.int64)
     PAIRS: tl.constexpr = 16 // BITS  # x's int32 pairs a word: 4 (int4) or 2 (int8)
     x_offs = tl.minimum(g, M - 1) * stride_xm + PAIRS * col  # [8, 1, CHUNKS, 16]
+    x_offs2 = tl.minimum(g + 8, M - 1) * stride_xm + PAIRS * col  # the second block of x's rows
     kw_len = tl.cdiv(tl.cdiv(KW, STEP), split) * STEP
     kw_lo = tl.program_id(1) * kw_len
     kw_hi = tl.minimum(KW, kw_lo + kw_len)
     acc = tl.zeros([8, TILES, 16], dtype=tl.float32)
+    acc2 = tl.zeros([8, TILES, 16], dtype=tl.float32)  # x's rows 8..15 (XB 2)
     if PREFETCH:
         wa, wb = _load_words(w_ptr, ra, rb, stride_wn, tl.minimum(kw_lo, KW - STEP), col)  # a split may be empty
     pdl.wait(PDL)  # the first words are on their way; x may be the kernel before's output
@@ -165,23 +197,23 @@ def _wna16_tc_kernel(x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr
             cur_a, cur_b = _load_words(w_ptr, ra, rb, stride_wn, kw0, col)
         if XOR != 0:  # naive int8: signed bytes to offset binary
             cur_a, cur_b = cur_a ^ XOR, cur_b ^ XOR
-        frags = x_frags(x_ptr, x_offs + PAIRS * kw0, BITS, COMPILED)
         grp = (kw0 + chunk) // GROUP_KW  # the chunk's group
         scale = _row_params(s_ptr, ra, rb, stride_sn, grp, slot_a, 0.0, COMPILED)
-        d = mma_chain(cur_a, cur_b, frags, BITS, TILES, CHUNKS, COMPILED)
-        if HAS_ZERO:  # what the A values carry beyond q - z: 128 + 8 + z (int4), z (int8)
-            zb = _row_params(z_ptr, ra, rb, stride_zn, grp, slot_a, 136.0 if BITS == 4 else 0.0, COMPILED)
-            d -= zb * x_sums(frags, BITS, CHUNKS, COMPILED)
-        elif BITS == 4:
-            d -= 136.0 * x_sums(frags, BITS, CHUNKS, COMPILED)
-        acc += tl.sum(scale * d, axis=2)
+        zb = 136.0 if BITS == 4 else 0.0  # what the A values carry beyond q - z: 128 + 8 (+ z) at int4, (z) at int8
+        if HAS_ZERO:
+            zb = _row_params(z_ptr, ra, rb, stride_zn, grp, slot_a, zb, COMPILED)
+        frags = x_frags(x_ptr, x_offs + PAIRS * kw0, BITS, COMPILED)
+        acc += _block_sums(cur_a, cur_b, frags, scale, zb, BITS, TILES, CHUNKS, HAS_ZERO, COMPILED)
+        if XB == 2:
+            frags2 = x_frags(x_ptr, x_offs2 + PAIRS * kw0, BITS, COMPILED)
+            acc2 += _block_sums(cur_a, cur_b, frags2, scale, zb, BITS, TILES, CHUNKS, HAS_ZERO, COMPILED)
     pdl.launch_dependents(PDL)  # the weights are read: the next kernel may be placed
     t3 = tl.arange(0, 16)[None, None, :]
     rows = (block * (16 * TILES) + 16 * tl.arange(0, TILES)[None, :, None] + tl.arange(0, 8)[:, None, None]
             + 8 * (t3 % 4 >= 2))
     ms = 2 * (t3 // 4) + t3 % 2
-    _finish(acc, rows, ms, b_ptr, out_ptr, stride_om, ws_ptr, cnt_ptr, M, N, split, block, HAS_BIAS, IS_SPLIT,
-            COMPILED)
+    _finish(acc, acc2, rows, ms, b_ptr, out_ptr, stride_om, ws_ptr, cnt_ptr, M, N, split, block, HAS_BIAS,
+            IS_SPLIT, XB, COMPILED)
 
 
 def wna16_tc_gemv(x: torch.Tensor, words: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None,
@@ -213,5 +245,6 @@ def wna16_tc_gemv(x: torch.Tensor, words: torch.Tensor, scale: torch.Tensor, zer
         BITS=num_bits, XOR=xor, GROUP_KW=CHANNEL_GROUP if group_size is None else group_size // (32 // num_bits),
         HAS_ZERO=zero_point is not None,
         HAS_BIAS=bias is not None, TILES=cfg.tiles, CHUNKS=chunks, IS_SPLIT=split > 1, PREFETCH=cfg.prefetch,
+        XB=1 if m <= 8 else 2,
         PDL=pdl, COMPILED=compiled(x), num_warps=1, num_stages=1, launch_pdl=pdl)
     return out

@@ -10,8 +10,8 @@ Parameters of one layer (rows = the sum of its fused output sizes, groups = in /
                                                          packs it along rows, across fused shards' borders)
     weight_shape       int64 [shards, 2]                 each shard's (out, in), checked against the layer
 
-`apply` runs the Triton kernels that `kernel_for` picks on CUDA (lamina/kernels/wna16_tc.py for 2..8 bf16 rows
-at 4 bits, 4..8 at 8, and the int4 LM head's one; wna16_row.py for other bf16 rows up to 4, wna16_gemv.py for one
+`apply` runs the Triton kernels that `kernel_for` picks on CUDA (lamina/kernels/wna16_tc.py for 2..16 bf16 rows
+at 4 bits, 4..16 at 8, and the int4 LM head's one; wna16_row.py for other bf16 rows up to 4, wna16_gemv.py for one
 fp16 row, wna16_mma.py for up to 16, wna16_gemm.wna16_matmul for more: they read these same parameters, the
 checkpoint's layout, so nothing is repacked after loading), else the reference path: dequantize the whole weight
 and multiply (exact, any device, not fast; the kernels' oracle).
@@ -39,7 +39,7 @@ Kernel = Callable[[nn.Module, torch.Tensor, torch.Tensor | None], torch.Tensor]
 def kernel_for(x: torch.Tensor, layer: nn.Module, args: WeightQuantArgs) -> Kernel | None:
     """The fast W4A16 / W8A16 path (issue #13): on CUDA (dispatch.on_kernel_device), for fp16 / bf16 x with
     scales of x's dtype and triton importable. When the layer's KernelChoice allows decode-sized kernels:
-    up to 8 bf16 rows as `_takes_tc` says (int4 2..8 and the LM head's one, int8 4..8): lamina.kernels.wna16_tc
+    up to 16 bf16 rows as `_takes_tc` says (int4 2..16 and the LM head's one, int8 4..16): lamina.kernels.wna16_tc
     (the tensor-core GEMV) where it takes the operands (K and groups whole 16-word chunks: 128 values at 4 bits,
     64 at 8, or per channel); else 1..GEMV_ROWS rows lamina.kernels.wna16_row where it takes them (bf16 x; K whole
     words, groups of whole 4-word chunks: 32 values at 4 bits, 16 at 8, or per channel); else one row
@@ -89,16 +89,18 @@ _NAIVE_INT8_XOR = -0x7F7F7F80  # lamina.kernels.wna16_gemv.NAIVE_INT8_XOR, witho
 # rows: int8 2.90 / 4.06 against the MMA kernel's 6.58 / 6.62, int4 2.62 / 3.67 against 4.72 / 4.76, bf16
 # 4.58 / 4.67. Dequantize + cuBLAS at 16 rows: 1.7-9.4x the MMA kernel's time per shape.
 GEMV_ROWS = 4
-# The tensor-core GEMV lamina.kernels.wna16_tc, where it takes the operands: its time hardly grows with the rows of
-# x (up to 8), where wna16_row's does. int4: from 2 rows on, and at one row for weights of at least
-# TC_ONE_ROW_MIN_N rows (the LM head); int8: from TC_INT8_MIN_ROWS rows on. H200, Llama-3-8B shapes, int4 g128 /
-# int8 per channel, us, wna16_tc / wna16_row (benchmarks/results/2026-12-04-h200-s23-tc-variants-*.json): int4 at
-# 1 row qkv 11.1 / 7.6, gate_up 24.4 / 23.9, down 18.8 / 15.2, LM head 79.0 / 92.3; at 4 rows qkv 11.1 / 12.1,
-# gate_up 24.1 / 45.7, down 18.0 / 28.2, LM head 92.9 / 186.6; int8 at 2 rows qkv 14.4 / 11.4, gate_up 38.4 / 35.1,
-# LM head 137.7 / 131.9 (at 1 row the LM head 134.1 / 119.8). A decode step (scripts/profile_decode.py, ms, this
-# choice against wna16_row / wna16_mma alone; ...-s23-tc-int8-profile-decode-ab.json): int4 at batch 1 / 2 / 4 / 8
-# 2.10 / 2.31 / 2.45 / 2.84 against 2.11 / 2.61 / 3.66 / 4.85; int8 with wna16_tc from 2 rows 3.37 / 3.54 / 3.79
-# at 2 / 4 / 8 against 2.88 / 4.05 / 6.69.
+# The tensor-core GEMV lamina.kernels.wna16_tc, where it takes the operands (up to 16 rows): its time hardly grows
+# with the rows of x (up to 8; a second MMA chain for 9..16), where wna16_row's does. int4: from 2 rows on, and at
+# one row for weights of at least TC_ONE_ROW_MIN_N rows (the LM head); int8: from TC_INT8_MIN_ROWS rows on. H200,
+# Llama-3-8B shapes, int4 g128 / int8 per channel, us, wna16_tc / wna16_row
+# (benchmarks/results/2026-12-04-h200-s23-tc-variants-*.json): int4 at 1 row qkv 11.1 / 7.6, gate_up 24.4 / 23.9,
+# down 18.8 / 15.2, LM head 79.0 / 92.3; at 4 rows qkv 11.1 / 12.1, gate_up 24.1 / 45.7, down 18.0 / 28.2, LM head
+# 92.9 / 186.6; int8 at 2 rows qkv 14.4 / 11.4, gate_up 38.4 / 35.1, LM head 137.7 / 131.9 (at 1 row the LM head
+# 134.1 / 119.8). A decode step (scripts/profile_decode.py, ms, this choice against wna16_row / wna16_mma alone;
+# ...-s23-tc-int8-profile-decode-ab.json): int4 at batch 1 / 2 / 4 / 8 2.10 / 2.31 / 2.45 / 2.84 against 2.11 /
+# 2.61 / 3.66 / 4.85; int8 with wna16_tc from 2 rows 3.37 / 3.54 / 3.79 at 2 / 4 / 8 against 2.88 / 4.05 / 6.69;
+# at 16 rows (against wna16_mma; ...-s23-tc16-profile-decode-ab.json) int4 4.01 against 5.02, int8 4.80 against
+# 6.85 (bf16 4.89).
 TC_ONE_ROW_MIN_N = 65536
 TC_INT8_MIN_ROWS = 4
 

@@ -110,7 +110,7 @@ PDL_SCRIPT = textwrap.dedent('''
                  dict(types, x_ptr="*i32", w_ptr="*i32", s_ptr="*bf16", z_ptr="*i8", cnt_ptr="*i32"), num_warps=1)
     ops_in_order("wna16_tc", wna16_tc._wna16_tc_kernel,
                  dict(BITS=4, XOR=0, GROUP_KW=16, HAS_ZERO=True, HAS_BIAS=True, TILES=2, CHUNKS=2, IS_SPLIT=True,
-                      PREFETCH=True, COMPILED=True),
+                      PREFETCH=True, XB=1, COMPILED=True),
                  dict(types, x_ptr="*i32", w_ptr="*i32", s_ptr="*bf16", z_ptr="*i8", cnt_ptr="*i32"), num_warps=1)
     ops_in_order("rms_norm", fused_ops._rms_norm_kernel, dict(HAS_RESIDUAL=True, BLOCK=4096), types, num_warps=8)
     ops_in_order("rotary", fused_ops._rotary_kernel, dict(BLOCK=64), types, num_warps=1)
@@ -189,8 +189,8 @@ TC_SCRIPT = textwrap.dedent('''
 
     bits = int(sys.argv[1])
     constexprs = dict(BITS=bits, XOR=0 if bits == 4 else -0x7F7F7F80, GROUP_KW=16, HAS_ZERO=bits == 4,
-                      HAS_BIAS=bits == 8, TILES=2, CHUNKS=2, IS_SPLIT=bits == 4, PREFETCH=True, PDL=False,
-                      COMPILED=True)
+                      HAS_BIAS=bits == 8, TILES=2, CHUNKS=2, IS_SPLIT=bits == 4, PREFETCH=True, XB=bits // 4,
+                      PDL=False, COMPILED=True)
     types = {"x_ptr": "*i32", "w_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*i8", "b_ptr": "*bf16",
              "out_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32"}
     compiled = compile_sm90(wna16_tc._wna16_tc_kernel, constexprs, types, num_warps=1)
@@ -203,7 +203,8 @@ TC_SCRIPT = textwrap.dedent('''
 def test_tensor_core_gemv_compiles_from_registers(bits: int) -> None:
     """lamina.kernels.wna16_tc compiles for sm_90 (its inline PTX assembles) with its MMAs fed from registers: no
     layout conversion (one of the K loop's sums would stage them through shared memory every step) and no shared
-    memory but split K's 4 bytes (the arrival counter's value, broadcast to the warp; int4 is split here)."""
+    memory but split K's 4 bytes (the arrival counter's value, broadcast to the warp; int4 is split here, int8 has
+    two blocks of x's rows)."""
     done = run_compiled(TC_SCRIPT, str(bits))
     assert done.returncode == 0, done.stderr[-3000:]
     shared, mmas, conversions = map(int, done.stdout.split())

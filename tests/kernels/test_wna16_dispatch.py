@@ -72,27 +72,28 @@ def test_layer_routes_rows_and_matches_the_reference(args: WeightQuantArgs,
         out = layer(x)
         assert out.shape == (*shape[:-1], sum(OUT))
         assert_matches(out.reshape(-1, sum(OUT)), expected.reshape(-1, sum(OUT)))
-    # int8 per channel over K = 64 is one whole chunk of the tensor-core GEMV: it takes the 4 rows
-    four = "wna16_tc_gemv" if args.num_bits == 8 and args.strategy == "channel" else "wna16_row_gemv"
+    # int8 per channel over K = 64 is one whole chunk of the tensor-core GEMV: it takes the 4 and the 16 rows
+    tc = args.num_bits == 8 and args.strategy == "channel"
+    four, sixteen = ("wna16_tc_gemv", "wna16_tc_gemv") if tc else ("wna16_row_gemv", "wna16_mma")
     assert kernel_calls == [("wna16_row_gemv", 1), (four, 4), ("wna16_row_gemv", 2), ("wna16_row_gemv", 3),
-                            ("wna16_mma", 16), ("wna16_matmul", 21)]
+                            (sixteen, 16), ("wna16_matmul", 21)]
 
 
 @pytest.mark.parametrize("args,kernels", [
     (WeightQuantArgs(4, False, "group", 128), ["wna16_row_gemv", "wna16_tc_gemv", "wna16_tc_gemv", "wna16_tc_gemv",
-                                               "wna16_mma"]),
+                                               "wna16_matmul"]),
     (WeightQuantArgs(8, True, "channel"), ["wna16_row_gemv", "wna16_row_gemv", "wna16_tc_gemv", "wna16_tc_gemv",
-                                          "wna16_mma"])], ids=["int4-g128", "int8-channel"])
+                                          "wna16_matmul"])], ids=["int4-g128", "int8-channel"])
 def test_tensor_core_gemv_takes_its_rows(args: WeightQuantArgs, kernels: list[str],
                                          kernel_calls: list[tuple[str, int]]) -> None:
-    """K whole chunks (128 here): int4 from 2 rows on, int8 from 4 (lamina.quant.wna16._takes_tc), up to 8 rows;
-    16 rows the MMA kernel. Each as the reference."""
+    """K whole chunks (128 here): int4 from 2 rows on, int8 from 4 (lamina.quant.wna16._takes_tc), up to 16 rows;
+    17 rows the GEMM. Each as the reference."""
     layer = _layer(args, size=128)
-    for rows in (1, 3, 4, 8, 16):
+    for rows in (1, 3, 4, 16, 17):
         x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
         expected = torch.nn.functional.linear(x, layer.quant_method.dequantized_weight(layer), layer.bias)
         assert_matches(layer(x), expected)
-    assert kernel_calls == list(zip(kernels, (1, 3, 4, 8, 16)))
+    assert kernel_calls == list(zip(kernels, (1, 3, 4, 16, 17)))
 
 
 def test_one_row_takes_the_tensor_core_gemv_for_the_lm_head() -> None:

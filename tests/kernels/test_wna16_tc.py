@@ -1,4 +1,4 @@
-"""The tensor-core W4A16 / W8A16 GEMV of 1..8 rows (lamina.kernels.wna16_tc) against the torch reference, on CPU
+"""The tensor-core W4A16 / W8A16 GEMV of 1..16 rows (lamina.kernels.wna16_tc) against the torch reference, on CPU
 tensors under the interpreter, where lamina.kernels.wna16_frags computes the MMAs' sums with tensor ops over the
 lane dimensions (the index arithmetic of loads, fragments, scales, zero points, split K and stores is the
 kernel's own; the inline assembly runs on the GPU: scripts/wna16_gemv_variants.py checks every config there).
@@ -27,11 +27,12 @@ def run_tc(o: dict, config: WNA16TCConfig | None, bias: bool = True) -> torch.Te
 
 @pytest.mark.parametrize("bits,group_size,symmetric", [(4, 128, False), (4, 128, True), (4, None, False),
                                                        (8, None, True), (8, 64, False)])
-@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("m", [1, 3, 8, 12])
 def test_tc_matches_reference(bits: int, group_size: int | None, symmetric: bool, m: int) -> None:
-    """Groups of one chunk (int4 g128, int8 g64) and per channel, with and without zero points, 1 / 3 / 8 rows of x,
-    K two chunks: every output as the reference's in two steps of one chunk (2 tiles a program), split 2 ways
-    (the bias in the last program's sum), and in one step of two chunks without prefetch or bias."""
+    """Groups of one chunk (int4 g128, int8 g64) and per channel, with and without zero points, 1 / 3 / 8 / 12 rows
+    of x (12: the second block of 8 rows, partly masked), K two chunks: every output as the reference's in two
+    steps of one chunk (2 tiles a program), split 2 ways (the bias in the last program's sum), and in one step of
+    two chunks without prefetch or bias."""
     o = make_operands(bits, group_size, symmetric, m=m, n=N, k=2 * 32 // bits * 16, seed=bits * 10 + m)
     assert_matches(run_tc(o, WNA16TCConfig(2, 1)), reference(o))
     assert_matches(run_tc(o, WNA16TCConfig(1, 1, split=2)), reference(o))
@@ -40,12 +41,13 @@ def test_tc_matches_reference(bits: int, group_size: int | None, symmetric: bool
 
 @pytest.mark.parametrize("split", [2, 3])
 def test_tc_split_k_runs_and_counters(split: int) -> None:
-    """int4 g128, K = 384 (3 steps): split 2 gives runs of 2 and 1 steps, split 3 of one each; the counters end at
-    zero (the last program of each row block resets its own)."""
-    o = make_operands(4, 128, False, m=2, n=N, k=384, seed=split)
-    cfg = WNA16TCConfig(2, 1, split=split)
-    assert_matches(run_tc(o, cfg), reference(o))
-    assert not wna16_row.workspace(torch.device("cpu"), 2 * N, split, -(-N // 32))[1].any()
+    """int4 g128, K = 384 (3 steps), 2 and 16 rows of x: split 2 gives runs of 2 and 1 steps, split 3 of one each;
+    the counters end at zero (the last program of each row block resets its own)."""
+    for m in (2, 16):  # one block of x's rows, two (both blocks' partials summed by one arrival)
+        o = make_operands(4, 128, False, m=m, n=N, k=384, seed=split + m)
+        cfg = WNA16TCConfig(2, 1, split=split)
+        assert_matches(run_tc(o, cfg), reference(o))
+        assert not wna16_row.workspace(torch.device("cpu"), m * N, split, -(-N // 32))[1].any()
 
 
 def test_tc_naive_int8_rows_through_a_view() -> None:
@@ -69,7 +71,7 @@ def test_tc_default_config() -> None:
 
 def test_takes() -> None:
     assert takes(torch.bfloat16, MAX_M, 128, 4, 128) and takes(torch.bfloat16, 1, 64, 8, None)
-    assert not takes(torch.bfloat16, MAX_M + 1, 128, 4, 128)  # the MMA's 8 columns
+    assert MAX_M == 16 and not takes(torch.bfloat16, MAX_M + 1, 128, 4, 128)  # two blocks of the MMA's 8 columns
     assert not takes(torch.float16, 1, 128, 4, 128)  # x read as bf16 pairs
     assert not takes(torch.bfloat16, 1, 192, 4, None)  # K not whole 128-value chunks at 4 bits
     assert not takes(torch.bfloat16, 1, 256, 4, 64)  # a group of half a chunk
