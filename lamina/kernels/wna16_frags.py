@@ -87,17 +87,13 @@ X4_FRAGS_ASM = tl.constexpr("{\n.reg .b32 p0, p1, p2, p3;\nld.global.nc.v4.b32 {
                             "prmt.b32 $0, p0, p2, 0x5410;\nprmt.b32 $1, p0, p2, 0x7632;\n"
                             "prmt.b32 $2, p1, p3, 0x5410;\nprmt.b32 $3, p1, p3, 0x7632;\n}")
 X8_FRAGS_ASM = tl.constexpr("ld.global.nc.v2.b32 {$0, $1}, [$2];")
-_LOADS = {"bf16": "{ .reg .b16 h; ld.global.nc.b16 h, [$1]; cvt.f32.bf16 $0, h; }",
-          "i8": "{ .reg .s32 v; ld.global.nc.s8 v, [$1]; cvt.rn.f32.s32 $0, v; }",
-          "fp32": "ld.global.cg.f32 $0, [$1];"}
-_STORES = {"bf16": "{ .reg .pred p; .reg .b16 h; setp.ne.b32 p, $3, 0; cvt.rn.bf16.f32 h, $2; "
-                   "@p st.global.b16 [$1], h; mov.b32 $0, 0; }",
-           "fp32": "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.f32 [$1], $2; mov.b32 $0, 0; }"}
-LOAD_BF16 = tl.constexpr(_LOADS["bf16"])
-LOAD_I8 = tl.constexpr(_LOADS["i8"])
-LOAD_F32 = tl.constexpr(_LOADS["fp32"])
-STORE_BF16 = tl.constexpr(_STORES["bf16"])
-STORE_F32 = tl.constexpr(_STORES["fp32"])
+# Loads of one value into a float32 ($0) from an address ($1); predicated stores ($1 address, $2 value, $3 mask)
+LOAD_BF16 = tl.constexpr("{ .reg .b16 h; ld.global.nc.b16 h, [$1]; cvt.f32.bf16 $0, h; }")
+LOAD_I8 = tl.constexpr("{ .reg .s32 v; ld.global.nc.s8 v, [$1]; cvt.rn.f32.s32 $0, v; }")
+LOAD_F32 = tl.constexpr("ld.global.cg.f32 $0, [$1];")
+STORE_BF16 = tl.constexpr("{ .reg .pred p; .reg .b16 h; setp.ne.b32 p, $3, 0; cvt.rn.bf16.f32 h, $2; "
+                          "@p st.global.b16 [$1], h; mov.b32 $0, 0; }")
+STORE_F32 = tl.constexpr("{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.f32 [$1], $2; mov.b32 $0, 0; }")
 
 
 @triton.jit
