@@ -6,7 +6,7 @@ the Llama-3-8B shapes (decode, issue #13), checked and timed.
     python scripts/wna16_gemv_variants.py --quick     # CUDA: one config family
     python scripts/wna16_gemv_variants.py --tiny      # any machine: every config through the interpreter (CPU)
     python scripts/wna16_gemv_variants.py --sass      # any machine: compile for sm_90a ahead of time, count SASS
-    python scripts/wna16_gemv_variants.py --rows 4    # 1..8 rows of x (rowpair up to 4; default 1)
+    python scripts/wna16_gemv_variants.py --rows 4    # 1..16 rows of x (rowpair up to 4; default 1)
     python scripts/wna16_gemv_variants.py --configs n4-w1-kw128-pf n2-w1-kw128-pf   # these configs, K split as
                                                       # wna16_row.auto_split does (or -s<split> in the name)
     python scripts/wna16_gemv_variants.py --variants tc --tc-configs t2-c2-pf t1-c2-s8-pf   # the same for tc
@@ -226,7 +226,8 @@ def run_quant(name: str, n: int, k: int, qname: str, quant: tuple, x: torch.Tens
         res: dict[str, Any] = {}
         row["variants"][var.name] = res
         if not var.takes(first, k, x.shape[0]):
-            res["n/a"] = dict(ok=None, error=f"{var.name} does not take this weight (bits {bits}, group {gs}, K {k})")
+            res["n/a"] = dict(ok=None, error=f"{var.name} does not take this weight (bits {bits}, group {gs}, K {k}) "
+                                             f"or {x.shape[0]} rows of x")
             continue
         try:
             vops = [var.prepare(op) for op in ops] if var.prepare else ops
