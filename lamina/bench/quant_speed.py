@@ -78,8 +78,7 @@ def _close(out: torch.Tensor, ref: torch.Tensor) -> bool:
 
 
 def kernel_shape(name: str, n: int, k: int, device: str, args: argparse.Namespace) -> dict[str, Any]:
-    from lamina.kernels.gemv import MAX_M as GEMV_MAX_M
-    from lamina.kernels.gemv import gemv
+    from lamina.kernels.gemv import MAX_M as GEMV_MAX_M, gemv
     from lamina.kernels.wna16_gemm import wna16_gemm, wna16_matmul
     from lamina.kernels.wna16_gemv import CANDIDATE_CONFIGS, default_config, num_sms, wna16_gemv
     from lamina.quant.wna16 import decode_kernel

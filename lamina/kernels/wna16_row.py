@@ -97,10 +97,14 @@ def default_config(n: int, k: int, num_bits: int, sms: int = INTERPRETER_SMS) ->
 
 
 def auto_split(cfg: WNA16RowConfig, n: int, kw: int, sms: int) -> WNA16RowConfig:
-    """cfg with K split until PROGRAMS_PER_SM programs per SM, each split at least MIN_SPLIT_TILES tiles."""
-    blocks = triton.cdiv(n, cfg.block_n)
-    tiles = triton.cdiv(kw, cfg.block_kw)
-    return replace(cfg, split=max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, blocks), tiles // MIN_SPLIT_TILES)))
+    """cfg with K split by `split_count`."""
+    return replace(cfg, split=split_count(triton.cdiv(n, cfg.block_n), triton.cdiv(kw, cfg.block_kw), sms))
+
+
+def split_count(blocks: int, steps: int, sms: int) -> int:
+    """Programs along K for `blocks` row blocks of `steps` K steps: until PROGRAMS_PER_SM programs per SM, each
+    split at least MIN_SPLIT_TILES steps."""
+    return max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, blocks), steps // MIN_SPLIT_TILES))
 
 
 _WORKSPACES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}

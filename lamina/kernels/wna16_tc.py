@@ -42,7 +42,7 @@ from lamina.kernels import pdl
 from lamina.kernels.pdl import compiled
 from lamina.kernels.wna16_frags import load_f32, mma_chain, store_f32, x_frags, x_sums
 from lamina.kernels.wna16_gemv import CHANNEL_GROUP, INTERPRETER_SMS, check_inputs, num_sms
-from lamina.kernels.wna16_row import MIN_SPLIT_TILES, PROGRAMS_PER_SM, workspace
+from lamina.kernels.wna16_row import split_count, workspace
 
 MAX_M = 16  # rows of x: two blocks of the MMA's 8 columns
 CHUNK_WORDS = 16  # words of a row a chunk covers: 4 lanes x 4 words, 128 values
@@ -82,11 +82,8 @@ def default_config(n: int, kw: int, sms: int = INTERPRETER_SMS) -> WNA16TCConfig
 
 
 def auto_split(cfg: WNA16TCConfig, n: int, kw: int, sms: int) -> WNA16TCConfig:
-    """cfg with K (kw words) split until PROGRAMS_PER_SM programs per SM, each split at least MIN_SPLIT_TILES K
-    steps (as lamina.kernels.wna16_row.auto_split)."""
-    blocks = triton.cdiv(n, 16 * cfg.tiles)
-    steps = kw // (CHUNK_WORDS * cfg.chunks)
-    return replace(cfg, split=max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, blocks), steps // MIN_SPLIT_TILES)))
+    """cfg with K (kw words) split by lamina.kernels.wna16_row.split_count."""
+    return replace(cfg, split=split_count(triton.cdiv(n, 16 * cfg.tiles), kw // (CHUNK_WORDS * cfg.chunks), sms))
 
 
 @triton.jit

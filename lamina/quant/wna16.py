@@ -66,13 +66,12 @@ def kernel_for(x: torch.Tensor, layer: nn.Module, args: WeightQuantArgs) -> Kern
     if kernels is None:
         return None
     choice = getattr(layer, "kernels", dispatch.DEFAULT_KERNELS)
-    rows_out = (words if words is not None else layer.weight).shape[0]
-    fn = _kernel(kernels, x.numel() // x.shape[-1], rows_out, x.shape[-1], args.num_bits, group_size, x.dtype,
+    w = words if words is not None else layer.weight.view(torch.int32)
+    fn = _kernel(kernels, x.numel() // x.shape[-1], w.shape[0], x.shape[-1], args.num_bits, group_size, x.dtype,
                  choice.gemv, dispatch.pdl_for(x, choice))
 
     def run(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
-        w = words if words is not None else layer.weight.view(torch.int32)
         zero = getattr(layer, "weight_zero_point", None)
         out = fn(x2, w, layer.weight_scale, zero, bias, args.num_bits, group_size, xor)
         return out.view(*x.shape[:-1], out.shape[-1])
