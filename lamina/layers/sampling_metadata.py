@@ -19,8 +19,10 @@ step queued before it, which undoes async scheduling).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from lamina.sampling_params import SamplingParams
@@ -197,21 +199,29 @@ def min_tokens_mask(params: list[SamplingParams], num_output_tokens: list[int], 
 _MASK64 = (1 << 64) - 1
 
 
-def _mix64(x: int) -> int:
-    """splitmix64's finalizer: a bijection of 64-bit ints that scatters nearby inputs."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer on uint64 arrays (wrapping arithmetic): a bijection of 64-bit ints that scatters
+    nearby inputs."""
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def seeded_keys(seeds: Sequence[int], sample_positions: Sequence[int] | np.ndarray) -> np.ndarray:
+    """[n] int64: the key of a row of seed seeds[i] that samples the token at index sample_positions[i] of its
+    request: a function of the two alone (any integer is a seed: its low 64 bits count)."""
+    seeds = np.fromiter((s & _MASK64 for s in seeds), dtype=np.uint64, count=len(seeds))
+    return (_mix64(_mix64(seeds) ^ np.asarray(sample_positions, dtype=np.int64).astype(np.uint64))).view(np.int64)
 
 
 def philox_keys(seeds: list[int | None], sample_positions: list[int], step_key: int) -> list[int]:
     """The sampling kernel's key of each row, as int64. A seeded row's key depends only on its seed and
-    the index of the token it samples, so its tokens do not depend on the batch, on async scheduling or
-    on preemption; the others take step_key + row (step_key fresh every step)."""
-    keys = []
-    for row, (seed, position) in enumerate(zip(seeds, sample_positions)):
-        key = (step_key + row) & _MASK64 if seed is None else _mix64(_mix64(seed & _MASK64) ^ position)
-        keys.append(key - (1 << 64) if key >= 1 << 63 else key)
-    return keys
-
+    the index of the token it samples (seeded_keys), so its tokens do not depend on the batch, on async
+    scheduling or on preemption; the others take step_key + row (step_key fresh every step)."""
+    keys = [(step_key + row) & _MASK64 for row in range(len(seeds))]
+    seeded = [row for row, seed in enumerate(seeds) if seed is not None]
+    for row, key in zip(seeded, seeded_keys([seeds[r] for r in seeded], [sample_positions[r] for r in seeded])):
+        keys[row] = int(key) & _MASK64
+    return [key - (1 << 64) if key >= 1 << 63 else key for key in keys]

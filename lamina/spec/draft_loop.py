@@ -5,15 +5,19 @@ early exit) or an EAGLE head (lamina/spec/eagle_loop.py).
 
     catch-up     rows of at most q tokens (query_len, k + 1 by default; lamina/graphs.py's layout): what the
                  net has not yet fed of each row, through the position before its first draft
-                 draft 0 = argmax(net.catch_up logits at each row's last token)   last[i]: its flat index
+                 draft 0 = pick(net.catch_up logits at each row's last token)     last[i]: its flat index
     step j       feed draft j-1 (on the device) at (1 <= j < k):
                    pos   = base + j            if j < limit  else base
                    slot  = table[pos // bs] * bs + pos % bs  if j < limit  else -1  (writes nothing)
                    seq   = pos + 1
                  (every step's pos, slot and seq are computed on the host with the catch-up and copied with
                  it: `step_rows`; no arithmetic kernels in the loop)
-                 draft j = argmax(net.step logits)
+                 draft j = pick(net.step logits)
     output       drafts [b, k]; row i's first limit[i] are its drafts
+
+pick: the argmax, or for a row with DraftKeys a sample drawn with the noise of the row that verifies it
+(lamina/spec/draft_sampling.py: the sampling kernel inside the graph, its keys and parameters copied with the
+rows; without the kernel on CUDA, the argmax).
 
 base is the position of the catch-up's last token: N - 1 for a draft model and early exit (it feeds the newest
 token), N - 2 for EAGLE (head position p holds token p + 1). A row past its limit (or a padding row: base 0,
@@ -36,6 +40,7 @@ from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
 from lamina.device import to_host_async
 from lamina.graphs import (FlatBatch, Graph, StaticBuffers, TorchCUDAGraph, bucket_for, capture, graph_buckets,
                            graph_pool)
+from lamina.spec.draft_sampling import DraftKeys, pick, sampling_kernels
 
 logger = logging.getLogger(__name__)
 
@@ -157,8 +162,14 @@ class DraftLoop:
         self.graph_cls = graph_cls
         rows = self.buckets[-1]
         self.buffers = StaticBuffers.allocate(rows, self.max_blocks_per_seq, device, query_len=self.query_len)
-        # the catch-up's last index, then pos, slot and seq of each step j (step_rows)
-        self.rows = torch.zeros(1 + 3 * (k - 1), rows, dtype=torch.int64, device=device)
+        # the catch-up's last index, then pos, slot and seq of each step j (step_rows), then each draft's keys
+        self.rows = torch.zeros(1 + 3 * (k - 1) + k, rows, dtype=torch.int64, device=device)
+        # the rows' temperature, top-p and min-p (DraftKeys.params), copied only when they change
+        self.params = torch.from_numpy(DraftKeys.argmax_params(rows)).to(device)
+        self._params_copied = DraftKeys.argmax_params(rows)  # what self.params holds
+        self.kernels = sampling_kernels(device)
+        self.sampled = self.kernels is not None or device.type != "cuda"  # else the argmax (a graph cannot
+        # capture the torch path's generators)
         self.decode_starts = torch.arange(rows + 1, dtype=torch.int32, device=device)
         self.graphs: dict[int, Graph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
@@ -177,41 +188,61 @@ class DraftLoop:
         logger.info("draft loop: %d CUDA graphs (k=%d) for up to %d sequences", len(self.buckets), self.k,
                     self.buckets[-1])
 
-    def run(self, batch: FlatBatch, last: Sequence[int], base: Sequence[int], limit: Sequence[int]) -> torch.Tensor:
+    def run(self, batch: FlatBatch, last: Sequence[int], base: Sequence[int], limit: Sequence[int],
+            keys: DraftKeys | None = None) -> torch.Tensor:
         """Drafts [n, k] on the device (a copy of the graph's output, which the next replay overwrites) of the
         catch-up `batch`; per row: the flat index of its last token, base (the module docstring) and its number
-        of drafts."""
+        of drafts; `keys`: how the rows draw their drafts (None: the argmax)."""
         n = batch.num_seqs
         bucket = bucket_for(n, self.buckets)
         self.buffers.fill(batch, bucket)
-        rows = np.empty((1 + 3 * (self.k - 1), bucket), dtype=np.int64)
+        rows = np.zeros((1 + 3 * (self.k - 1) + self.k, bucket), dtype=np.int64)
         rows[0, :n], rows[0, n:] = last, len(batch.input_ids) + np.arange(bucket - n)  # padding: its one slot
-        steps = rows[1:].reshape(self.k - 1, 3, bucket)  # a view
+        steps = rows[1:1 + 3 * (self.k - 1)].reshape(self.k - 1, 3, bucket)  # a view
         steps[:, :, :n] = step_rows(np.asarray(batch.block_tables), np.asarray(base), np.asarray(limit), self.k,
                                     self.block_size)
         steps[:, 0, n:], steps[:, 1, n:], steps[:, 2, n:] = 0, -1, 1  # padding rows: position 0, no slot
+        if keys is not None and self.sampled:
+            rows[1 + 3 * (self.k - 1):, :n] = keys.keys
         self.rows[:, :bucket].copy_(torch.from_numpy(rows), non_blocking=True)
+        self._copy_params(keys, n, bucket)
         self.graphs[bucket].replay()
         return self.outputs[bucket][:n].clone()
+
+    def _copy_params(self, keys: DraftKeys | None, n: int, bucket: int) -> None:
+        """The rows' temperature, top-p and min-p into the graphs' buffer, unless it holds them already."""
+        params = DraftKeys.argmax_params(bucket)
+        if keys is not None and self.sampled:
+            params[:, :n] = keys.params
+        copied = self._params_copied
+        if copied.shape[1] >= bucket and np.array_equal(copied[:, :bucket], params):
+            return
+        self.params[:, :bucket].copy_(torch.from_numpy(params), non_blocking=True)
+        self._params_copied = np.concatenate([params, copied[:, bucket:]], axis=1)
 
     def _loop_fn(self, bucket: int) -> Callable[[], torch.Tensor]:
         buffers, q = self.buffers, self.query_len
         catch_up = buffers.metadata(bucket, self.max_model_len)
         ids, positions = buffers.input_ids[:bucket * q], buffers.positions[:bucket * q]
-        last, steps = self.rows[0, :bucket], self.rows[1:, :bucket].view(self.k - 1, 3, bucket)
+        last = self.rows[0, :bucket]
+        steps = self.rows[1:1 + 3 * (self.k - 1), :bucket].view(self.k - 1, 3, bucket)
+        keys, params = self.rows[1 + 3 * (self.k - 1):, :bucket], list(self.params[:, :bucket])
         table = buffers.block_tables[:bucket]
+
+        def draw(logits: torch.Tensor, j: int) -> torch.Tensor:
+            return pick(logits, params, keys[j], self.kernels) if self.sampled else logits.argmax(dim=-1)
 
         def loop() -> torch.Tensor:
             with set_attention_metadata(catch_up):
                 logits, carry = self.net.catch_up(ids, positions, last)
-            token = logits.argmax(dim=-1)
+            token = draw(logits, 0)
             drafts = [token]
             seq_lens = steps[:, 2].to(torch.int32) if self.k > 1 else None  # one conversion for every step
             for j in range(1, self.k):
                 pos = steps[j - 1, 0]
                 with set_attention_metadata(self._step_metadata(table, steps[j - 1, 1], seq_lens[j - 1], bucket)):
                     logits, carry = self.net.step(token, pos, carry)
-                token = logits.argmax(dim=-1)
+                token = draw(logits, j)
                 drafts.append(token)
             return torch.stack(drafts, dim=1)
         return loop

@@ -17,8 +17,8 @@ One propose call: the catch-up is one flat batch over every request (variable qu
 target's step); then decode step j (1 <= j < max k) feeds draft j-1 at position N-1+j of each request that
 wants more than j drafts. Rows are sorted by k, largest first, so the requests of step j are a prefix of
 the rows and the drafts stay on the device (the verify step reads them there; what the draft cache was fed is
-read back later, `_Fed.drafts`). Drafts are argmax tokens (one-hot proposals, exact under the verify step's
-rule); `hidden` is not used.
+read back later, `_Fed.drafts`). Drafts are the argmax, or samples drawn with the noise of the rows that verify
+them (lamina/spec/draft_sampling.py); `hidden` is not used.
 
 Positions: the draft model has RoPE for max_position_embeddings = M positions. A request drafts at most
 M - N + 1 tokens (its last fed position stays below M), none once N > M: a short-context draft model
@@ -43,6 +43,7 @@ from lamina.loader.hf_config import load_model_arch
 from lamina.loader.model_loader import load_model
 from lamina.spec.draft_loop import (CatchUp, DraftLoop, HostCopy, ModelNet, block_table, slot_mapping,
                                    stack_columns)
+from lamina.spec.draft_sampling import DraftKeys, DraftPicker
 from lamina.spec.model_proposer import DraftRequest, Drafts
 
 __all__ = ["DraftModelProposer"]
@@ -85,7 +86,7 @@ class _Row:
 
 
 class DraftModelProposer:
-    """Greedy drafts from the checkpoint in `model_dir`, loaded in `dtype` on `device` with lamina's loader and
+    """Drafts from the checkpoint in `model_dir`, loaded in `dtype` on `device` with lamina's loader and
     the given attention backend (module docstring for positions and the KV it writes).
 
     ValueError (naming speculative_config.model) when the checkpoint does not load or its vocab_size differs
@@ -155,10 +156,11 @@ class DraftModelProposer:
             token_ids = self._propose_in_graph(rows, table)
         else:
             table_dev = torch.from_numpy(table).to(self.device, non_blocking=True)
-            columns = [self._catch_up(rows, table, table_dev)]
+            picker = DraftPicker(DraftKeys.of([r.request for r in rows], rows[0].limit), self.device)
+            columns = [picker(self._catch_up(rows, table, table_dev), 0)]
             for j in range(1, rows[0].limit):
                 count = sum(r.limit > j for r in rows)
-                columns.append(self._decode(rows[:count], j, columns[-1][:count], table, table_dev))
+                columns.append(picker(self._decode(rows[:count], j, columns[-1][:count], table, table_dev), j))
             token_ids = stack_columns(columns)
         fed = HostCopy(token_ids)
         for i, row in enumerate(rows):
@@ -180,7 +182,8 @@ class DraftModelProposer:
         batch = CatchUp(input_ids=[int(t) for r in rows for t in r.request.token_ids[r.start:r.n]],
                         positions=positions.tolist(), slot_mapping=self._slots(table, row_of, positions).tolist(),
                         query_start_loc=starts, seq_lens=[r.n for r in rows], block_tables=table.tolist())
-        return self.loop.run(batch, [s - 1 for s in starts[1:]], [r.n - 1 for r in rows], [r.limit for r in rows])
+        return self.loop.run(batch, [s - 1 for s in starts[1:]], [r.n - 1 for r in rows], [r.limit for r in rows],
+                             DraftKeys.of([r.request for r in rows], self.loop.k))
 
     def _prefill(self, rows: list[_Row]) -> None:
         """Feed token_ids[s : N - 1] of each row eagerly (their KV); afterwards each row starts at N - 1."""
@@ -238,7 +241,7 @@ class DraftModelProposer:
         fed.drafts = (drafts, index, row.limit - 1)
 
     def _catch_up(self, rows: list[_Row], table: np.ndarray, table_dev: torch.Tensor) -> torch.Tensor:
-        """One flat forward over token_ids[s:N] of every row; returns draft 0 of each row [len(rows)]."""
+        """One flat forward over token_ids[s:N] of every row; returns the logits of draft 0 of each row."""
         starts = np.array([r.start for r in rows], dtype=np.int64)
         ends = np.array([r.n for r in rows], dtype=np.int64)
         lens = ends - starts
@@ -250,7 +253,7 @@ class DraftModelProposer:
 
     def _decode(self, rows: list[_Row], j: int, previous: torch.Tensor, table: np.ndarray,
                 table_dev: torch.Tensor) -> torch.Tensor:
-        """Feed draft j-1 at position N-1+j of each row; returns draft j of each row."""
+        """Feed draft j-1 at position N-1+j of each row; returns the logits of draft j of each row."""
         positions = np.array([r.n - 1 + j for r in rows], dtype=np.int64)
         query_start = np.arange(len(rows) + 1, dtype=np.int64)
         slots = self._slots(table, np.arange(len(rows)), positions)
@@ -261,8 +264,8 @@ class DraftModelProposer:
 
     def _draft(self, ids: np.ndarray | torch.Tensor, positions: np.ndarray, slots: np.ndarray,
                query_start: np.ndarray, seq_lens: np.ndarray, table_dev: torch.Tensor) -> torch.Tensor:
-        """One eager forward of a flat batch (`ids` on the host or already on the device); returns the argmax
-        token at each sequence's last row [B]."""
+        """One eager forward of a flat batch (`ids` on the host or already on the device); returns the logits at
+        each sequence's last row [B, V]."""
         last = query_start[1:] - 1
         longs = [positions, slots, last] + ([ids] if isinstance(ids, np.ndarray) else [])
         moved = packed_to_device(longs, np.int64, self.device)
@@ -276,5 +279,5 @@ class DraftModelProposer:
             hidden = self.model(moved[3] if len(moved) > 3 else ids, moved[0])
         if len(last) != len(hidden):  # decode steps: every row is a last row
             hidden = hidden.index_select(0, moved[2])
-        return self.model.compute_logits(hidden).argmax(dim=-1)
+        return self.model.compute_logits(hidden)
 

@@ -11,8 +11,8 @@ attention layers). One request, N = len(token_ids), k = num_drafts (the target h
     block_ids:    cover [0, N - 1 + k); slot(p) = block_ids[p // block_size] * block_size + p % block_size
 
 Draft step s feeds, for every request with k > s, one token at position p = N - 1 + s (seq_len p + 1)
-through the first L' layers (writing their K/V at p), norm + LM head, argmax -> draft s. Greedy drafts are
-one-hot proposals, exact under the verify step's rule at any temperature. The verifier later writes every
+through the first L' layers (writing their K/V at p), norm + LM head -> draft s: the argmax, or a sample drawn
+with the noise of the row that verifies it (lamina/spec/draft_sampling.py). The verifier later writes every
 layer's KV at N - 1 and after, so the first layers' slots there need no rollback; positions < N - 1 and
 blocks outside `block_ids` are never written. With CUDA graphs (compile_and_capture) the whole call, every
 step, is one replay of a DraftLoop (lamina/spec/draft_loop.py) over these layers.
@@ -26,6 +26,7 @@ import torch
 from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
 from lamina.models.common import CausalLM
 from lamina.spec.draft_loop import CatchUp, DraftLoop, ModelNet, block_table
+from lamina.spec.draft_sampling import DraftKeys, DraftPicker
 from lamina.spec.model_proposer import DraftRequest, Drafts
 
 __all__ = ["EarlyExitProposer", "resolve_exit_layer"]
@@ -73,7 +74,7 @@ class EarlyExitProposer:
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest], hidden: torch.Tensor) -> Drafts:
-        """Up to `num_drafts` greedy drafts per request, on the device; `hidden` is not needed (the drafter
+        """Up to `num_drafts` drafts per request, on the device; `hidden` is not needed (the drafter
         recomputes)."""
         if not requests:
             return Drafts.empty(0, self.device)
@@ -83,6 +84,7 @@ class EarlyExitProposer:
         width = max(len(r.block_ids) for r in requests)
         if self.loop is not None and self.loop.fits(len(requests), width, max_drafts):
             return self._propose_in_graph(requests)
+        pick = DraftPicker(DraftKeys.of(requests, max_drafts), self.device)
         drafts = torch.zeros(len(requests), max_drafts, dtype=torch.int64, device=self.device)
         rows = list(range(len(requests)))  # the requests still drafting, in batch order
         ids = torch.tensor([r.token_ids[-1] for r in requests], dtype=torch.int64, device=self.device)
@@ -92,7 +94,8 @@ class EarlyExitProposer:
             if len(keep) < len(rows):  # some requests have all their drafts: drop their rows
                 rows = [rows[j] for j in keep]
                 ids = ids[torch.tensor(keep, device=self.device)]
-            ids = self._draft_step([requests[i] for i in rows], step, ids, tables[rows])
+                pick = DraftPicker(DraftKeys.of([requests[i] for i in rows], max_drafts), self.device)
+            ids = pick(self._draft_step([requests[i] for i in rows], step, ids, tables[rows]), step)
             drafts[rows, step] = ids
         return Drafts.per_request(drafts, [r.num_drafts for r in requests])
 
@@ -104,18 +107,19 @@ class EarlyExitProposer:
                         slot_mapping=[r.block_ids[p // bs] * bs + p % bs for r, p in zip(requests, positions)],
                         query_start_loc=list(range(n + 1)), seq_lens=[p + 1 for p in positions],
                         block_tables=block_table([r.block_ids for r in requests]).tolist())
-        out = self.loop.run(batch, list(range(n)), positions, [r.num_drafts for r in requests])
+        out = self.loop.run(batch, list(range(n)), positions, [r.num_drafts for r in requests],
+                            DraftKeys.of(requests, self.loop.k))
         return Drafts.per_request(out, [r.num_drafts for r in requests])
 
     def _draft_step(self, requests: list[DraftRequest], step: int, ids: torch.Tensor, tables: torch.Tensor
                     ) -> torch.Tensor:
-        """Feed `ids` (one token a request) at position N - 1 + step; returns each request's argmax token."""
+        """Feed `ids` (one token a request) at position N - 1 + step; returns each request's logits."""
         positions = [len(r.token_ids) - 1 + step for r in requests]
         metadata = self._metadata(requests, positions, tables)
         with set_attention_metadata(metadata):
             position_ids = torch.tensor(positions, dtype=torch.int64, device=self.device)
             hidden = self.model.forward_layers(ids, position_ids, self.exit_layer)
-        return self.model.compute_logits(hidden).argmax(dim=-1)
+        return self.model.compute_logits(hidden)
 
     def _metadata(self, requests: list[DraftRequest], positions: list[int], tables: torch.Tensor
                   ) -> AttentionMetadata:

@@ -125,9 +125,10 @@ class MedusaProposer:
     """The ModelProposer of `speculative_config.method == "medusa"` (lamina/spec/model_proposer.py).
 
     Drafts are greedy (argmax), so they are one-hot proposals, exact under rejection sampling at any
-    temperature. A request gets min(num_drafts, K) drafts. One `propose` call runs every needed head over
-    every row: one matmul per head (per layer), one `compute_logits` over the stacked rows, one argmax; the
-    drafts stay on the device.
+    temperature; not sampled (lamina/spec/draft_sampling.py): the heads learn the target's greedy tokens, as
+    EAGLE's head does (lamina/spec/eagle.py says what sampling cost there). A request gets min(num_drafts, K)
+    drafts. One `propose` call runs every needed head over every row: one matmul per head (per layer), one
+    `compute_logits` over the stacked rows, one argmax; the drafts stay on the device.
     """
 
     uses_hidden = True  # its heads read the target's last hidden state

@@ -40,6 +40,12 @@ class DraftRequest:
     token_ids: Sequence[int]  # prompt + verified outputs; the last is the newest token
     block_ids: list[int]  # the target's block table, covering positions [0, len(token_ids) - 1 + num_drafts)
     num_drafts: int  # >= 1: how many drafts to return at most
+    # how its drafts are drawn (lamina/spec/draft_sampling.py): with the key of its samples (the worker's
+    # BatchState.seed) and its temperature, top-p and min-p; no key or temperature 0: the argmax
+    seed: int | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    min_p: float = 0.0
 
 
 @dataclass

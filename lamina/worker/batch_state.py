@@ -11,9 +11,15 @@ samples itself, so for every request it holds:
     block_ids == the KV manager's block table for it (updated as table[start:] = new ids)
 
 Per-request penalty counts live on the device (PenaltyState) and follow the same adds and drops.
+
+A request's `seed` keys its samples (lamina.layers.sampling_metadata.seeded_keys): the SamplingParams' seed, or,
+when the BatchState has `salts` (a worker that drafts with a network: lamina/spec/draft_sampling.py), a random salt
+drawn when the request arrives, which keys the rows that verify its drafts (its other rows draw from the shared
+stream), so that a drafter can draw its drafts with the noise of those rows.
 """
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 from lamina.sampling_params import SamplingParams
@@ -32,11 +38,13 @@ class RequestState:
     eos_token_ids: frozenset[int]
     block_ids: list[int]
     num_computed_tokens: int
+    seed: int | None = None  # the key of its samples (module docstring); None: drawn from the shared stream
 
     @classmethod
-    def from_new(cls, new: NewRequestData) -> RequestState:
+    def from_new(cls, new: NewRequestData, salt: int | None = None) -> RequestState:
+        seed = new.sampling_params.seed if new.sampling_params.seed is not None else salt
         return cls(new.req_id, list(new.prompt_token_ids) + list(new.output_token_ids), len(new.prompt_token_ids),
-                   new.sampling_params, new.eos_token_ids, list(new.block_ids), new.num_computed_tokens)
+                   new.sampling_params, new.eos_token_ids, list(new.block_ids), new.num_computed_tokens, seed)
 
     @property
     def num_tokens(self) -> int:
@@ -52,9 +60,11 @@ class RequestState:
 
 
 class BatchState:
-    def __init__(self, penalties: PenaltyState) -> None:
+    def __init__(self, penalties: PenaltyState, salts: random.Random | None = None) -> None:
+        """`salts`: the source of the unseeded requests' salts (module docstring); None: they get none."""
         self.requests: dict[str, RequestState] = {}
         self.penalties = penalties
+        self.salts = salts
 
     def __getitem__(self, req_id: str) -> RequestState:
         return self.requests[req_id]
@@ -69,7 +79,8 @@ class BatchState:
         for new in scheduled.new_reqs:
             if new.req_id in self.requests:
                 raise ValueError(f"new_reqs: request {new.req_id!r} is already held by the worker")
-            state = self.requests[new.req_id] = RequestState.from_new(new)
+            salt = None if self.salts is None else self.salts.getrandbits(64)
+            state = self.requests[new.req_id] = RequestState.from_new(new, salt)
             self.penalties.add(new.req_id, new.prompt_token_ids, state.output_token_ids, new.sampling_params)
         cached = scheduled.cached_reqs
         for req_id, computed, start, blocks in zip(cached.req_ids, cached.num_computed_tokens,

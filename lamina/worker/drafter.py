@@ -107,6 +107,8 @@ class Drafter:
             covered = len(state.block_ids) * self.block_size - (state.num_tokens - 1)  # lookahead slots held
             num_drafts = min(limit, covered)
             if num_drafts > 0:
-                requests.append(DraftRequest(req_id, state.token_ids, state.block_ids, num_drafts))
+                params = state.sampling_params
+                requests.append(DraftRequest(req_id, state.token_ids, state.block_ids, num_drafts, state.seed,
+                                             params.temperature, params.top_p, params.min_p))
                 rows.append(row_starts[req_id] + len(tokens) - 1)
         return requests, rows

@@ -38,18 +38,22 @@ def _select_rows(t: torch.Tensor, rows: list[int], device: torch.device) -> torc
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, block_size: int, vocab_size: int, device: torch.device,
-                 seed: int) -> None:
+                 seed: int, drafter: Drafter | None = None) -> None:
+        """`drafter`: runs the worker-side proposer after each step's tokens are known (None: nothing drafts
+        here); every request then gets a salt (BatchState) that keys the rows verifying its drafts, which the
+        drafts were drawn with (lamina/spec/draft_sampling.py)."""
         self.model = model
         self.block_size = block_size
         self.vocab_size = vocab_size
         self.device = device
-        self.states = BatchState(PenaltyState(vocab_size, device))
+        salts = None if drafter is None else random.Random(f"{seed}/salts")
+        self.states = BatchState(PenaltyState(vocab_size, device), salts)
         self.sampler = Sampler(generator=torch.Generator(device).manual_seed(seed))
         self._step_keys = random.Random(seed)  # keys of the rows without a seed, fresh every step
         self._last: PendingStep | None = None  # the step launched last (a decode_ahead step reads its tokens)
         self.kernel_sampling = uses_sampling_kernel(device)  # the one place that picks the sampling path
         self.graphs: CudaGraphRunner | None = None  # set by the Worker when decode steps are captured
-        self.drafter: Drafter | None = None  # set by the Worker when a worker-side proposer drafts
+        self.drafter = drafter
         self._prompt_logprobs: PromptLogprobsResult | None = None  # the step's scored prompt rows (execute_model)
 
     @torch.inference_mode()
@@ -142,7 +146,7 @@ class ModelRunner:
         rows = [r for r, k in zip(spec, num_drafts) for _ in range(k + 1)]
         row_positions = [p + j for p, k in zip(positions, num_drafts) for j in range(k + 1)]
         try:
-            out = self._sample(logits, rows, row_positions)
+            out = self._sample(logits, rows, row_positions, salted=True)
         except Exception as err:  # noqa: BLE001 - the drafting requests end with the error, the others go on
             if is_fatal(err):
                 raise
@@ -159,14 +163,18 @@ class ModelRunner:
         return PendingStep(req_ids, out.sampled_token_ids, out.logprobs, num_logprobs, failed or {},
                            on_result=self.states.record, verified=verified)
 
-    def _sample(self, logits: torch.Tensor, req_ids: list[str], positions: list[int]) -> SamplerOutput:
+    def _sample(self, logits: torch.Tensor, req_ids: list[str], positions: list[int],
+                salted: bool = False) -> SamplerOutput:
         """Row i samples req_ids[i]'s token at index positions[i] of its tokens; a seeded row's draw depends only
-        on its seed and that index (the kernel's philox key, or a torch generator seeded with the same key)."""
+        on its seed and that index (the kernel's philox key, or a torch generator seeded with the same key).
+        `salted`: an unseeded request's rows are keyed by its salt (BatchState) as a seed, as the drafts they
+        verify were drawn (lamina/spec/draft_sampling.py); else they draw from the shared stream."""
         held = self.states.requests
         states = [held[r] for r in req_ids]
         params = [s.sampling_params for s in states]
-        keys = self._philox_keys(params, positions)
-        generators = {} if keys is not None else _seeded_generators(params, positions, self.device)
+        seeds = [s.seed if salted else p.seed for s, p in zip(states, params)]
+        keys = self._philox_keys(params, seeds, positions)
+        generators = {} if keys is not None else _seeded_generators(seeds, positions, self.device)
         min_tokens = None
         if any(p.min_tokens for p in params):
             min_tokens = min_tokens_mask(params, [s.num_output_tokens for s in states],
@@ -246,22 +254,25 @@ class ModelRunner:
             hidden = self.model(batch.input_ids, batch.positions)
         return hidden[batch.logits_indices], None
 
-    def _philox_keys(self, params: list[SamplingParams], positions: list[int]) -> list[int] | None:
-        """Per-row keys of the sampling kernel (lamina.layers.sampler); None when it is not used: on the
-        torch path (CPU, or no triton) and in all-greedy steps (an argmax draws nothing)."""
+    def _philox_keys(self, params: list[SamplingParams], seeds: list[int | None], positions: list[int]
+                     ) -> list[int] | None:
+        """Per-row keys of the sampling kernel (lamina.layers.sampler) from the requests' seeds (BatchState); None
+        when it is not used: on the torch path (CPU, or no triton) and in all-greedy steps (an argmax draws
+        nothing)."""
         if not self.kernel_sampling or all(p.greedy for p in params):
             return None
-        return philox_keys([p.seed for p in params], positions, self._step_keys.getrandbits(63))
+        return philox_keys(seeds, positions, self._step_keys.getrandbits(63))
 
 
-def _seeded_generators(params: list[SamplingParams], positions: list[int],
+def _seeded_generators(seeds: list[int | None], positions: list[int],
                        device: torch.device) -> dict[int, torch.Generator]:
-    """Row -> a generator of each seeded row on the torch path, seeded with the key the sampling kernel would use
-    (philox_keys: the seed and the index of the token sampled), so a seeded request's tokens do not depend on the
-    batch, on async scheduling, on preemption or on drafts. Any integer is a seed (the key is 64 bits)."""
-    keys = philox_keys([p.seed for p in params], positions, step_key=0)
+    """Row -> a generator of each row with a seed (BatchState's: the request's, or its salt) on the torch
+    path, seeded with the key the sampling kernel would use (philox_keys: the seed and the index of the token
+    sampled), so a seeded request's tokens do not depend on the batch, on async scheduling, on preemption or on
+    drafts. Any integer is a seed (the key is 64 bits)."""
+    keys = philox_keys(seeds, positions, step_key=0)
     return {row: torch.Generator(device).manual_seed(key % 2**64)
-            for row, (p, key) in enumerate(zip(params, keys)) if p.seed is not None}
+            for row, (seed, key) in enumerate(zip(seeds, keys)) if seed is not None}
 
 
 def _split_by_drafts(req_ids: list[str], num_drafts: list[int]

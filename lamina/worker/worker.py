@@ -73,13 +73,12 @@ class Worker:
         elif any(layer.kv_scales_loaded for layer in attention_layers(self.model)):
             logger.info("the checkpoint carries fp8 KV cache scales: kv_cache_dtype='fp8' would use them; "
                         "the cache is in %s (kv_cache_dtype=%r)", self.dtype, cache.kv_cache_dtype)
-        self.runner = ModelRunner(self.model, cache.block_size, arch.vocab_size, self.device,
-                                  config.model_config.seed)
         spec = config.speculative_config
         self.proposer = None if spec is None else make_model_proposer(
             spec, self.model, arch, self.dtype, self.device, cache.block_size, config.attention_backend)
-        if self.proposer is not None:
-            self.runner.drafter = Drafter(self.proposer, cache.block_size)
+        drafter = None if self.proposer is None else Drafter(self.proposer, cache.block_size)
+        self.runner = ModelRunner(self.model, cache.block_size, arch.vocab_size, self.device,
+                                  config.model_config.seed, drafter)
         self.num_blocks = 0  # set by initialize_cache
         self.max_model_len = 0
 

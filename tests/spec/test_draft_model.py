@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from tokenizers import Tokenizer
 
 import lamina
 from lamina.kv.cache import kv_cache_bytes_per_block
+from lamina.layers.sampling_metadata import philox_keys
 from lamina.loader.hf_config import load_model_arch
 from lamina.spec.draft_model import DraftModelProposer
 from lamina.spec.model_proposer import DraftRequest, ModelProposer
@@ -209,3 +211,59 @@ def test_the_captured_draft_loop_drafts_what_hf_does(dirs: dict[str, Path]) -> N
             assert got == hf_greedy(hf_draft, tokens, k[rid]), (round_, rid)
         for rid, got in zip(seqs, drafts):
             seqs[rid] = seqs[rid] + verify(seqs[rid], got, rng, hf_draft)
+
+
+def hf_sampled(hf: torch.nn.Module, tokens: list[int], k: int, seed: int, temperature: float,
+               kernel: ModuleType | None = None) -> list[int]:
+    """k drafts drawn one by one from HF's distribution at `temperature`, draft j with the noise of the verify row
+    that samples token len(tokens) + j: the exponential race of a generator seeded with its key, or (`kernel`: the
+    sampling kernel's module) the kernel's Gumbel-max keyed by it. The sampled drafts' oracle."""
+    out = list(tokens)
+    for j in range(k):
+        with torch.no_grad():
+            logits = hf(torch.tensor([out])).logits[0, -1:].float()
+        key = philox_keys([seed], [len(tokens) + j], step_key=0)[0]
+        if kernel is not None:
+            out.append(int(kernel.sample(logits, torch.tensor([temperature]), torch.tensor([key]),
+                                         top_p=torch.ones(1), min_p=torch.zeros(1))[0]))
+            continue
+        probs = (logits[0] / temperature).softmax(-1)
+        noise = -torch.log1p(-torch.rand(probs.shape, generator=torch.Generator().manual_seed(key % 2**64)))
+        out.append(int((probs / noise).argmax()))
+    return out[len(tokens):]
+
+
+@pytest.mark.parametrize("path", ["eager", "captured", "captured-kernel"])
+def test_sampled_drafts_follow_the_verify_rows_noise(dirs: dict[str, Path], path: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests with a key and a temperature draw their drafts from the draft model's own distribution with the
+    noise of the rows that will verify them (lamina/spec/draft_sampling.py): eagerly and in the captured loop on
+    the torch path (CPU), and in the captured loop through the sampling kernel as on CUDA (the interpreter); a
+    greedy request beside them keeps its argmax drafts."""
+    import tests.kernels.conftest  # noqa: F401 - TRITON_INTERPRET=1 and the interpreter fixes
+    from lamina.graphs import EagerGraph
+
+    kernel = None
+    if path == "captured-kernel":
+        pytest.importorskip("triton")
+        from lamina.kernels import sampling as kernel
+        monkeypatch.setattr("lamina.spec.draft_sampling.uses_sampling_kernel", lambda device: True)
+    target, hf_draft = load_model_arch(str(dirs["target"])), load_hf(str(dirs["head32"]))
+    proposer = DraftModelProposer(str(dirs["head32"]), target, torch.float32, torch.device("cpu"), "triton")
+    proposer.bind_cache(NUM_BLOCKS, BLOCK_SIZE)
+    if path != "eager":
+        proposer.compile_and_capture(max_batch_size=4, max_model_len=64, num_drafts=3, warm_up=None,
+                                     graph_cls=EagerGraph)
+        assert (proposer.loop.kernels is kernel) and proposer.loop.sampled
+    blocks, seqs = Blocks(seed=2), prompts([3, 6, 2], seed=6)
+    sampling = {"r0": (11, 0.8), "r1": (None, 0.0), "r2": (2**64 - 5, 1.2)}  # (seed, temperature)
+    for round_ in range(2):
+        reqs = [DraftRequest(rid, list(tokens), blocks.cover(rid, len(tokens) + 2), 3, *sampling[rid])
+                for rid, tokens in seqs.items()]
+        drafts = propose(proposer, reqs)
+        for (rid, tokens), got in zip(seqs.items(), drafts):
+            seed, temperature = sampling[rid]
+            want = (hf_greedy(hf_draft, tokens, 3) if seed is None
+                    else hf_sampled(hf_draft, tokens, 3, seed, temperature, kernel))
+            assert got == want, (round_, rid)
+        seqs = {rid: tokens + drafts[i][:1 + round_] for i, (rid, tokens) in enumerate(seqs.items())}
