@@ -134,8 +134,10 @@ def test_a_dropped_engine_frees_its_weights(model_dir: str, method: str) -> None
     assert sum(w() is not None for w in weights) == 0
 
 
-def _sampled_run(target: str, spec: dict | None, params: SamplingParams | list[SamplingParams]) -> tuple[list, LLM]:
-    llm = LLM(model=target, speculative_config=spec, block_size=4, num_kv_blocks=160, max_model_len=128)
+def _sampled_run(target: str, spec: dict | None, params: SamplingParams | list[SamplingParams],
+                 **engine) -> tuple[list, LLM]:
+    engine = {"block_size": 4, "num_kv_blocks": 160, "max_model_len": 128, **engine}
+    llm = LLM(model=target, speculative_config=spec, **engine)
     outputs = llm.generate(PROMPTS, params, use_tqdm=False)
     llm.engine.check_integrity()
     return [o.outputs[0].token_ids for o in outputs], llm
@@ -152,15 +154,22 @@ def test_the_target_drafting_for_itself_at_temperature_is_accepted(model_dir: st
     assert stats.num_draft_tokens > 50 and stats.num_accepted_tokens >= 0.95 * stats.num_draft_tokens, stats
 
 
-@pytest.mark.parametrize("method", ["draft_model", "early_exit"])
-def test_sampled_drafts_leave_a_seeded_requests_tokens_unchanged(model_dir: str, method: str) -> None:
+SAMPLED_CASES = [("draft_model", engine) for engine in ENGINES] + [("early_exit", {})]
+
+
+@pytest.mark.parametrize(("method", "engine"), SAMPLED_CASES,
+                         ids=[f"{m}-{i}" for (m, _), i in zip(SAMPLED_CASES, [*IDS, "default"])])
+def test_sampled_drafts_leave_a_seeded_requests_tokens_unchanged(model_dir: str, method: str, engine: dict) -> None:
     """Whatever a drafter proposes, a verify row emits its own sample: seeded output at temperature is
-    token-identical with and without speculation, for the methods that sample their drafts."""
+    token-identical with and without speculation, for the methods that sample their drafts, with the prefix cache
+    on and off, chunked prefill and preemption."""
     spec = {"method": method, "num_speculative_tokens": 3, "adaptive": False,
             **({"model": model_dir} if method == "draft_model" else {"exit_layer": 2})}
     params = [SamplingParams(temperature=0.8, top_p=0.95, max_tokens=30, ignore_eos=True, seed=s) for s in range(5)]
-    want, _ = _sampled_run(model_dir, None, params)
-    got, llm = _sampled_run(model_dir, spec, params)
+    want, _ = _sampled_run(model_dir, None, params, **engine)
+    got, llm = _sampled_run(model_dir, spec, params, **engine)
     assert got == want
     stats = llm.engine.get_stats().spec
     assert stats.num_draft_tokens > 50 and stats.num_accepted_tokens > 0, stats
+    if engine.get("num_kv_blocks") == 36:
+        assert llm.engine.get_stats().num_preemptions > 0
