@@ -17,7 +17,7 @@ early exit) or an EAGLE head (lamina/spec/eagle_loop.py).
 
 pick: the argmax, or for a row with DraftKeys a sample drawn with the noise of the row that verifies it
 (lamina/spec/draft_sampling.py: the sampling kernel inside the graph, its keys and parameters copied with the
-rows; without the kernel on CUDA, the argmax).
+rows; without the kernel on CUDA, or in a loop that does not sample, the argmax).
 
 base is the position of the catch-up's last token: N - 1 for a draft model and early exit (it feeds the newest
 token), N - 2 for EAGLE (head position p holds token p + 1). A row past its limit (or a padding row: base 0,
@@ -149,8 +149,10 @@ class ModelNet:
 
 class DraftLoop:
     def __init__(self, net: LoopNet, k: int, max_batch_size: int, max_model_len: int, block_size: int,
-                 device: torch.device, graph_cls: type = TorchCUDAGraph, query_len: int | None = None) -> None:
-        """k drafts a row from catch-ups of up to `query_len` tokens a row (default k + 1)."""
+                 device: torch.device, graph_cls: type = TorchCUDAGraph, query_len: int | None = None,
+                 samples: bool = True) -> None:
+        """k drafts a row from catch-ups of up to `query_len` tokens a row (default k + 1); `samples`: whether
+        rows with DraftKeys sample their drafts (False: every draft is the argmax, as EAGLE's)."""
         self.net = net
         self.k = k
         self.query_len = k + 1 if query_len is None else query_len
@@ -167,9 +169,9 @@ class DraftLoop:
         # the rows' temperature, top-p and min-p (DraftKeys.params), copied only when they change
         self.params = torch.from_numpy(DraftKeys.argmax_params(rows)).to(device)
         self._params_copied = DraftKeys.argmax_params(rows)  # what self.params holds
-        self.kernels = sampling_kernels(device)
-        self.sampled = self.kernels is not None or device.type != "cuda"  # else the argmax (a graph cannot
-        # capture the torch path's generators)
+        self.kernels = sampling_kernels(device) if samples else None
+        # without the kernel on CUDA, the argmax: a graph cannot capture the torch path's generators
+        self.sampled = samples and (self.kernels is not None or device.type != "cuda")
         self.decode_starts = torch.arange(rows + 1, dtype=torch.int32, device=device)
         self.graphs: dict[int, Graph] = {}
         self.outputs: dict[int, torch.Tensor] = {}

@@ -70,7 +70,8 @@ class EagleLoops:
                  max_model_len: int, block_size: int, device: torch.device, graph_cls: type = TorchCUDAGraph) -> None:
         self.q, self.block_size = k + 1, block_size
         self.net = EagleNet(head, target, features)
-        self.drafting = DraftLoop(self.net, k, max_batch_size, max_model_len, block_size, device, graph_cls, self.q)
+        self.drafting = DraftLoop(self.net, k, max_batch_size, max_model_len, block_size, device, graph_cls, self.q,
+                                  samples=False)  # argmax drafts (lamina/spec/eagle.py says why)
 
     def capture_all(self) -> None:
         self.drafting.capture_all()

@@ -219,7 +219,8 @@ def test_the_captured_loops_draft_what_the_unrolled_head_does(target_dir: Path, 
     """compile_and_capture (EagerGraph on CPU, the Triton kernels under the interpreter, as a CUDA graph runs them):
     one call drafts for a long prompt (its catch-up eagerly but for the base), a request two positions behind and
     a short one, in a bucket with a padding row; a request that did not draft while 11 positions were computed
-    catches up on all of them in the next call; each gives the unrolled head's drafts."""
+    catches up on all of them in the next call; each gives the unrolled head's drafts, its argmax even for requests
+    that sample (the head's drafts are not sampled: lamina/spec/eagle.py)."""
     import tests.kernels.conftest  # noqa: F401 - TRITON_INTERPRET=1 and the interpreter fixes
     from lamina.graphs import EagerGraph
 
@@ -233,7 +234,7 @@ def test_the_captured_loops_draft_what_the_unrolled_head_does(target_dir: Path, 
     feats = {r: _hf_features(target_dir, tokens, layers) for r, tokens in seqs.items()}
 
     def propose(drafting: dict[str, int]) -> dict[str, list[int]]:
-        requests = [DraftRequest(r, seqs[r], blocks[r], k) for r, k in drafting.items()]
+        requests = [DraftRequest(r, seqs[r], blocks[r], k, seed=7, temperature=0.9) for r, k in drafting.items()]
         return dict(zip(drafting, proposer.propose(requests, torch.zeros(len(requests), 1)).tolist()))
 
     for r, start, count in (("b", 0, 2), ("d", 0, 1), ("a", 0, 9), ("b", 2, 2), ("c", 0, 5), ("d", 1, 1)):
