@@ -55,8 +55,9 @@ class DraftKeys:
         sampled = [r.seed is not None and r.temperature > 0 for r in requests]
         if not any(sampled):
             return None
-        params = np.array([[r.temperature if s else 0.0 for r, s in zip(requests, sampled)],
-                           [r.top_p for r in requests], [r.min_p for r in requests]], dtype=np.float32)
+        params = DraftKeys.argmax_params(len(requests))
+        params[:, sampled] = np.array([[r.temperature, r.top_p, r.min_p] for r, s in zip(requests, sampled) if s],
+                                      dtype=np.float32).T
         seeds = [r.seed if s else 0 for r, s in zip(requests, sampled)]
         index = np.array([len(r.token_ids) for r in requests], dtype=np.int64)[None, :] + np.arange(k)[:, None]
         keys = seeded_keys(seeds * k, index.ravel()).reshape(k, len(requests))

@@ -45,8 +45,8 @@ def test_keys_are_those_of_the_rows_that_verify_the_drafts() -> None:
 
 def test_rows_without_a_key_or_at_temperature_0_draft_the_argmax() -> None:
     assert DraftKeys.of(requests([PARAMS[1], PARAMS[0]], [3, None], [4, 4]), 2) is None
-    keys = DraftKeys.of(requests([PARAMS[0], PARAMS[0]], [None, 3], [4, 4]), 2)
-    assert keys.params[0].tolist() == pytest.approx([0.0, 0.7])
+    keys = DraftKeys.of(requests([PARAMS[2], PARAMS[0]], [None, 3], [4, 4]), 2)
+    assert keys.params.T.ravel().tolist() == pytest.approx([0.0, 1.0, 0.0, 0.7, 1.0, 0.0])  # argmax row: no filters
     logits = torch.randn(2, 50)
     assert torch.equal(DraftPicker(None, CPU)(logits, 0), logits.argmax(dim=-1))
     assert DraftPicker(keys, CPU)(logits, 1)[0] == logits[0].argmax()
