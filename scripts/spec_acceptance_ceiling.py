@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 
 import torch
 
@@ -31,35 +32,40 @@ from lamina.spec.draft_sampling import coupled_acceptance
 TEMPERATURE, CHAINS, SCALES = 0.6, (1, 3, 5, 7), (0.5, 1.0)
 
 
-def argmax_probs(model: torch.nn.Module, prompt: list[int], output: list[int]) -> torch.Tensor:
-    """p_T(argmax) at each generated position (the target's distribution before each output token)."""
-    ids = torch.tensor([prompt + output])
+@dataclass
+class Scored:
+    """One generated text under the target (HF, float32), scored once for every use below."""
+
+    ids: torch.Tensor  # [1, len]: prompt + output
+    n: int  # the prompt's length
+    p: torch.Tensor  # [len - n, V]: p_T at each generated position (the distribution before each output token)
+    hidden: tuple[torch.Tensor, ...]  # the target's hidden states (HF's output_hidden_states)
+
+
+def score(hf: torch.nn.Module, prompt: list[int], output: list[int]) -> Scored:
+    ids, n = torch.tensor([prompt + output]), len(prompt)
     with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1:-1].float() / TEMPERATURE
-    return logits.softmax(-1).max(-1).values
+        out = hf(ids, output_hidden_states=True)
+    return Scored(ids, n, (out.logits[0, n - 1:-1].float() / TEMPERATURE).softmax(-1), out.hidden_states)
 
 
-def drafter_logits(name: str, drafter: object, hf: torch.nn.Module, ids: torch.Tensor, n: int) -> torch.Tensor:
-    """The drafter's logits of the tokens at positions n .. len - 1 of ids [1, len] (n: the prompt's length)."""
+def drafter_logits(name: str, drafter: object, hf: torch.nn.Module, text: Scored) -> torch.Tensor:
+    """The drafter's logits of the tokens at positions n .. len - 1 of the text."""
+    ids, n = text.ids, text.n
     with torch.no_grad():
         if name == "draft model":
             return drafter(ids).logits[0, n - 1:-1].float()
-        out = hf(ids, output_hidden_states=True)
         if name == "early exit":
-            return hf.lm_head(hf.model.norm(out.hidden_states[drafter][0, n - 1:-1])).float()
+            return hf.lm_head(hf.model.norm(text.hidden[drafter][0, n - 1:-1])).float()
         from lamina.distill.eagle_ttt import unroll  # EAGLE: base b feeds token b + 1 and predicts token b + 2
-        features = torch.cat([out.hidden_states[i] for i in drafter.cfg.aux_hidden_state_layers], -1)[:, :-1]
+        features = torch.cat([text.hidden[i] for i in drafter.cfg.aux_hidden_state_layers], -1)[:, :-1]
         normed = unroll(drafter, hf.model.embed_tokens, features, [ids[:, 1:]])[0][0]
         return torch.nn.functional.linear(normed[n - 2:-1], hf.lm_head.weight).float()
 
 
-def drafter_acceptance(name: str, drafter: object, hf: torch.nn.Module, prompt: list[int], output: list[int]
-                       ) -> dict[str, torch.Tensor]:
+def drafter_acceptance(name: str, drafter: object, hf: torch.nn.Module, text: Scored) -> dict[str, torch.Tensor]:
     """Per generated position: the acceptance of the drafter's draft at each c, and Leviathan's at c = 1."""
-    ids, n = torch.tensor([prompt + output]), len(prompt)
-    with torch.no_grad():
-        p = (hf(ids).logits[0, n - 1:-1].float() / TEMPERATURE).softmax(-1)
-    z = drafter_logits(name, drafter, hf, ids, n)
+    p, z = text.p, drafter_logits(name, drafter, hf, text)
     out = {"c=0": p.gather(1, z.argmax(-1, keepdim=True))[:, 0]}
     for c in SCALES:
         out[f"c={c}"] = coupled_acceptance(p, (z / (c * TEMPERATURE)).softmax(-1))
@@ -105,8 +111,8 @@ def main() -> int:
         for temperature in (TEMPERATURE, 0.0):
             params = SamplingParams(temperature=temperature, max_tokens=args.new_tokens, seed=1, ignore_eos=True)
             outs = llm.generate(prompts, params, use_tqdm=False)
-            texts = [(list(o.prompt_token_ids), list(o.outputs[0].token_ids)) for o in outs]
-            probs = [argmax_probs(hf, prompt, output) for prompt, output in texts]
+            texts = [score(hf, list(o.prompt_token_ids), list(o.outputs[0].token_ids)) for o in outs]
+            probs = [text.p.max(-1).values for text in texts]
             row = rows[f"{name}, T={temperature} text"] = {
                 "positions": sum(len(p) for p in probs),
                 "mean_p_argmax": round(torch.cat(probs).mean().item(), 3),
@@ -115,7 +121,7 @@ def main() -> int:
             if temperature == 0:
                 continue
             for drafter_name, drafter in drafters.items():
-                per_text = [drafter_acceptance(drafter_name, drafter, hf, *text) for text in texts]
+                per_text = [drafter_acceptance(drafter_name, drafter, hf, text) for text in texts]
                 row[drafter_name] = {key: round(torch.cat([a[key] for a in per_text]).mean().item(), 3)
                                      for key in per_text[0]}
     llm.engine.check_integrity()

@@ -167,8 +167,8 @@ class DraftLoop:
         # the catch-up's last index, then pos, slot and seq of each step j (step_rows), then each draft's keys
         self.rows = torch.zeros(1 + 3 * (k - 1) + k, rows, dtype=torch.int64, device=device)
         # the rows' temperature, top-p and min-p (DraftKeys.params), copied only when they change
-        self.params = torch.from_numpy(DraftKeys.argmax_params(rows)).to(device)
-        self._params_copied = DraftKeys.argmax_params(rows)  # what self.params holds
+        self._params_host = DraftKeys.argmax_params(rows)  # what self.params holds
+        self.params = torch.from_numpy(self._params_host.copy()).to(device)
         self.kernels = sampling_kernels(device) if samples else None
         # without the kernel on CUDA, the argmax: a graph cannot capture the torch path's generators
         self.sampled = samples and (self.kernels is not None or device.type != "cuda")
@@ -216,11 +216,10 @@ class DraftLoop:
         params = DraftKeys.argmax_params(bucket)
         if keys is not None and self.sampled:
             params[:, :n] = keys.params
-        copied = self._params_copied
-        if copied.shape[1] >= bucket and np.array_equal(copied[:, :bucket], params):
+        if np.array_equal(self._params_host[:, :bucket], params):
             return
+        self._params_host[:, :bucket] = params
         self.params[:, :bucket].copy_(torch.from_numpy(params), non_blocking=True)
-        self._params_copied = np.concatenate([params, copied[:, bucket:]], axis=1)
 
     def _loop_fn(self, bucket: int) -> Callable[[], torch.Tensor]:
         buffers, q = self.buffers, self.query_len

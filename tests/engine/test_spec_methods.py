@@ -23,10 +23,11 @@ def model_dir(tmp_path_factory) -> str:
     return str(path)
 
 
-def _run(model_dir: str, spec: dict | None, **engine) -> tuple[list, LLM]:
+def _run(model_dir: str, spec: dict | None, params: SamplingParams | list[SamplingParams] = GREEDY,
+         **engine) -> tuple[list, LLM]:
     engine = {"block_size": 4, "num_kv_blocks": 160, "max_model_len": 128, **engine}
     llm = LLM(model=model_dir, speculative_config=spec, **engine)
-    outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
     llm.engine.check_integrity()
     return [o.outputs[0].token_ids for o in outputs], llm
 
@@ -134,22 +135,13 @@ def test_a_dropped_engine_frees_its_weights(model_dir: str, method: str) -> None
     assert sum(w() is not None for w in weights) == 0
 
 
-def _sampled_run(target: str, spec: dict | None, params: SamplingParams | list[SamplingParams],
-                 **engine) -> tuple[list, LLM]:
-    engine = {"block_size": 4, "num_kv_blocks": 160, "max_model_len": 128, **engine}
-    llm = LLM(model=target, speculative_config=spec, **engine)
-    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
-    llm.engine.check_integrity()
-    return [o.outputs[0].token_ids for o in outputs], llm
-
-
 def test_the_target_drafting_for_itself_at_temperature_is_accepted(model_dir: str) -> None:
     """Drafts drawn with the verify rows' noise from q = p are those rows' own samples: (nearly) every one is
     accepted, seeded or not, where argmax drafts would be accepted with p(argmax) only."""
     spec = {"method": "draft_model", "model": model_dir, "num_speculative_tokens": 3, "adaptive": False}
     params = [SamplingParams(temperature=0.8, max_tokens=30, ignore_eos=True, seed=None if i % 2 else i)
               for i in range(len(PROMPTS))]
-    _, llm = _sampled_run(model_dir, spec, params)
+    _, llm = _run(model_dir, spec, params)
     stats = llm.engine.get_stats().spec
     assert stats.num_draft_tokens > 50 and stats.num_accepted_tokens >= 0.95 * stats.num_draft_tokens, stats
 
@@ -166,8 +158,8 @@ def test_sampled_drafts_leave_a_seeded_requests_tokens_unchanged(model_dir: str,
     spec = {"method": method, "num_speculative_tokens": 3, "adaptive": False,
             **({"model": model_dir} if method == "draft_model" else {"exit_layer": 2})}
     params = [SamplingParams(temperature=0.8, top_p=0.95, max_tokens=30, ignore_eos=True, seed=s) for s in range(5)]
-    want, _ = _sampled_run(model_dir, None, params, **engine)
-    got, llm = _sampled_run(model_dir, spec, params, **engine)
+    want, _ = _run(model_dir, None, params, **engine)
+    got, llm = _run(model_dir, spec, params, **engine)
     assert got == want
     stats = llm.engine.get_stats().spec
     assert stats.num_draft_tokens > 50 and stats.num_accepted_tokens > 0, stats
