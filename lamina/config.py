@@ -7,6 +7,7 @@ nothing in core code reads environment variables. This module is a leaf: it impo
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 from dataclasses import dataclass, field
@@ -112,6 +113,8 @@ class SchedulerConfig:
 SPEC_METHODS = ("ngram", "draft_model", "medusa", "early_exit", "eagle")
 MODEL_SPEC_METHODS = ("draft_model", "medusa", "eagle")  # the methods that read weights from `model`
 MAX_SPEC_TOKENS = 7  # a verify step computes 1 + k tokens a request; the paged decode kernel takes up to 8
+MAX_TREE_NODES = 63  # speculative_token_tree: nodes verified a request (the torch attention path has no cap of 8)
+TREE_METHODS = ("draft_model",)  # the proposers that draft trees so far
 # num_speculative_tokens when not given: n-gram drafts cost nothing to make and a repeat runs on (H200, demo model,
 # batch 1, k fixed: 1.25-1.77x with 7 against 0.96-1.45x with 3); a network's drafts cost a step each
 DEFAULT_SPEC_TOKENS = {"ngram": 7}
@@ -138,16 +141,22 @@ class SpeculativeConfig:
     # True: each step, each request drafts as many tokens as pay off by the measured step costs and its acceptance
     # (lamina/engine/spec_policy.py), none when verifying costs more than it saves; False: always up to k
     adaptive: bool = True
+    # tree drafts (lamina/spec/draft_tree.py): paths of ranks, e.g. [(0,), (1,), (0, 0)] or that as a string (vLLM's
+    # format); None: a chain of num_speculative_tokens. With a tree, num_speculative_tokens is its number of nodes.
+    speculative_token_tree: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         _require(self.method in SPEC_METHODS, "method",
                  f"must be one of {SPEC_METHODS} (the methods lamina has so far), got {self.method!r}")
+        if self.speculative_token_tree is not None:
+            self._set_tree()
         if self.num_speculative_tokens is None:
             object.__setattr__(self, "num_speculative_tokens",
                                DEFAULT_SPEC_TOKENS.get(self.method, DEFAULT_MODEL_SPEC_TOKENS))
         k = self.num_speculative_tokens
-        _require(_is_int(k) and 1 <= k <= MAX_SPEC_TOKENS, "num_speculative_tokens",
-                 f"must be an integer in [1, {MAX_SPEC_TOKENS}], got {k!r}")
+        most = MAX_SPEC_TOKENS if self.speculative_token_tree is None else MAX_TREE_NODES
+        _require(_is_int(k) and 1 <= k <= most, "num_speculative_tokens",
+                 f"must be an integer in [1, {most}], got {k!r}")
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
         _require(_is_int(lo) and lo >= 1, "prompt_lookup_min", f"must be an integer >= 1, got {lo!r}")
         _require(_is_int(hi) and hi >= lo, "prompt_lookup_max",
@@ -161,6 +170,16 @@ class SpeculativeConfig:
         exit_layer = self.exit_layer
         _require(exit_layer is None or (self.method == "early_exit" and _is_int(exit_layer) and exit_layer >= 1),
                  "exit_layer", f"must be None, or an integer >= 1 with method 'early_exit', got {exit_layer!r}")
+
+    def _set_tree(self) -> None:
+        tree = _tree_paths(self.speculative_token_tree)
+        _require(self.method in TREE_METHODS, "speculative_token_tree",
+                 f"tree drafts are made by {TREE_METHODS} so far, not by method {self.method!r}")
+        k = self.num_speculative_tokens
+        _require(k is None or k == len(tree), "num_speculative_tokens",
+                 f"must be the tree's number of nodes ({len(tree)}) or None with speculative_token_tree, got {k!r}")
+        object.__setattr__(self, "speculative_token_tree", tree)
+        object.__setattr__(self, "num_speculative_tokens", len(tree))
 
     @property
     def verify_query_lens(self) -> tuple[int, ...]:
@@ -185,6 +204,32 @@ class SpeculativeConfig:
         unknown = sorted(set(value) - set(allowed))
         _require(not unknown, "speculative_config", f"unknown key(s) {unknown}; allowed: {allowed}")
         return cls(**value)
+
+
+def _tree_paths(value: object) -> tuple[tuple[int, ...], ...]:
+    """speculative_token_tree as a tuple of paths, validated: a list of paths of ranks (integers >= 0), or its
+    string (vLLM's "[(0,), (1,), (0, 0)]"); 1..MAX_TREE_NODES distinct paths, every prefix of a path a path
+    too, the children of a node ranked 0, 1, ..., c - 1."""
+    name = "speculative_token_tree"
+    if isinstance(value, str):
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            raise ValueError(f"{name}: not a list of paths such as [(0,), (1,), (0, 0)]: {value!r}") from None
+    _require(isinstance(value, (list, tuple)) and 1 <= len(value) <= MAX_TREE_NODES, name,
+             f"must be a list of 1 to {MAX_TREE_NODES} paths such as [(0,), (1,), (0, 0)], got {value!r}")
+    paths = []
+    for path in value:
+        _require(isinstance(path, (list, tuple)) and len(path) >= 1 and all(_is_int(r) and r >= 0 for r in path),
+                 name, f"each path must be a non-empty list of ranks (integers >= 0), got {path!r}")
+        paths.append(tuple(path))
+    known = set(paths)
+    _require(len(known) == len(paths), name, f"has a path twice: {value!r}")
+    for path in paths:
+        _require(path[:-1] in known or len(path) == 1, name, f"path {path} needs its parent {path[:-1]} in the tree")
+        _require(path[-1] == 0 or path[:-1] + (path[-1] - 1,) in known, name,
+                 f"path {path} needs its elder sibling {path[:-1] + (path[-1] - 1,)} in the tree")
+    return tuple(paths)
 
 
 def _is_int(value: object) -> bool:

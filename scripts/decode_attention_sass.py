@@ -37,7 +37,7 @@ def sass(cache: str, overrides: dict) -> str:
     config = {**decode_config(128, torch.bfloat16, torch.float8_e4m3fn if scaled else torch.bfloat16), **overrides}
     launch = dict(num_warps=config.pop("num_warps"), num_stages=config.pop("num_stages"))
     constexprs = dict(GROUP=4, PAGE=16, BLOCK_D=128, PREC="tf32", SCALED=scaled, MAX_Q=1, BLOCK_M=16, SPLIT=True,
-                      PDL=False, **config)
+                      PDL=False, TREE=False, **config)
     types = {"k_cache_ptr": cache, "v_cache_ptr": cache, "q_ptr": "*bf16", "out_ptr": "*bf16", "qk_scale": "fp32",
              **{name: "*fp32" for name in ("k_scale_ptr", "v_scale_ptr", "part_acc_ptr", "part_ml_ptr")},
              **{name: "*i32" for name in ("table_ptr", "seq_lens_ptr", "qsl_ptr")}}

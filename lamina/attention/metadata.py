@@ -10,6 +10,10 @@ A batch is B requests laid end to end (no padding):
     block_tables[i]:  the block ids of request i, padded with 0 (the null block)
 
 One forward serves prefill, decode and mixed batches: a decode is simply q_i == 1.
+
+tree_mask (tree drafts, lamina/spec/draft_tree.py), in place of the causal rule: query token t sees the keys
+[0, ctx[t]) of its sequence and key ctx[t] + b for each bit b of bits[t] (b < 63); a causal token has
+ctx = its position + 1 and no bits.
 """
 from __future__ import annotations
 
@@ -18,6 +22,30 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+
+
+@dataclass
+class TreeMask:
+    """Which keys each query token of a flat batch sees (module docstring): on the device for the kernels, on the
+    host for the torch path."""
+
+    ctx: torch.Tensor  # [T] int64
+    bits: torch.Tensor  # [T] int64
+    ctx_cpu: list[int]
+    bits_cpu: list[int]
+
+    @classmethod
+    def of(cls, ctx: list[int], bits: list[int], device: torch.device | str) -> TreeMask:
+        pair = torch.tensor([ctx, bits], dtype=torch.int64).to(device, non_blocking=True)
+        return cls(pair[0], pair[1], ctx, bits)
+
+    def dense(self, start: int, end: int, num_keys: int) -> torch.Tensor:
+        """[end - start, num_keys] bool: what query tokens [start, end) see (True)."""
+        keys = torch.arange(num_keys)
+        ctx = torch.tensor(self.ctx_cpu[start:end])[:, None]
+        rel = (keys[None, :] - ctx).clamp(0, 62)
+        bit = (torch.tensor(self.bits_cpu[start:end])[:, None] >> rel) & 1
+        return (keys[None, :] < ctx) | ((keys[None, :] - ctx < 63) & (bit == 1))
 
 
 @dataclass
@@ -30,6 +58,7 @@ class AttentionMetadata:
     max_seq_len: int
     query_start_loc_cpu: list[int]  # host copies, for per-sequence loops in the reference path
     seq_lens_cpu: list[int]
+    tree_mask: TreeMask | None = None  # None: causal (module docstring)
 
     @property
     def num_seqs(self) -> int:

@@ -10,7 +10,8 @@ seq_lens[i] tokens in the cache after the store (cached prefix + its new tokens)
     query row j of sequence i sits at absolute position  seq_lens[i] - q_len_i + j
     and attends to cache positions                        0 .. seq_lens[i] - q_len_i + j
 
-which is what makes chunked prefill, prefix-cache hits and multi-token verification work.
+which is what makes chunked prefill, prefix-cache hits and multi-token verification work. With a
+`metadata.tree_mask` (tree drafts) every row attends where the mask says instead.
 Scores and softmax run in float32; the output is cast back to the query dtype.
 
 An fp8 cache (kv_scales = (k_scale, v_scale), one float32 scale per KV head) stores
@@ -68,16 +69,19 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
                                           enable_gqa=q.shape[1] != k.shape[1])
 
 
-def _prefill_one(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 block_table: torch.Tensor, seq_len: int, scale: float, kv_scales: KVScales | None) -> torch.Tensor:
-    """One sequence with q [q_len, H, D] new tokens at the end of its seq_len context."""
+def _prefill_one(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                 seq_len: int, scale: float, kv_scales: KVScales | None, mask: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+    """One sequence with q [q_len, H, D] new tokens at the end of its seq_len context (or seeing the keys of
+    `mask` [q_len, seq_len])."""
     q_len = q.shape[0]
     k_scale, v_scale = kv_scales or (None, None)
     k = dequantize(gather_kv(k_cache, block_table, seq_len), k_scale)
     v = dequantize(gather_kv(v_cache, block_table, seq_len), v_scale)
-    query_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
-    key_pos = torch.arange(seq_len, device=q.device)
-    mask = key_pos[None, :] <= query_pos[:, None]  # [q_len, seq_len]
+    if mask is None:
+        query_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
+        key_pos = torch.arange(seq_len, device=q.device)
+        mask = key_pos[None, :] <= query_pos[:, None]  # [q_len, seq_len]
     out = _attend(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                   mask[None, None], scale)
     return out[0].transpose(0, 1)  # [q_len, H, D]
@@ -103,8 +107,8 @@ def _decode_batch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     metadata: AttentionMetadata, scale: float, kv_scales: KVScales | None = None) -> torch.Tensor:
     """Causal attention of q [T, num_heads, head_dim] over the paged cache -> [T, num_heads, head_dim]."""
-    starts, seq_lens = metadata.query_start_loc_cpu, metadata.seq_lens_cpu
-    decode = [i for i in range(metadata.num_seqs) if starts[i + 1] - starts[i] == 1]
+    starts, seq_lens, tree = metadata.query_start_loc_cpu, metadata.seq_lens_cpu, metadata.tree_mask
+    decode = [] if tree is not None else [i for i in range(metadata.num_seqs) if starts[i + 1] - starts[i] == 1]
     if len(decode) == metadata.num_seqs:  # a pure decode batch: no scatter into rows needed
         out = _decode_batch(q, k_cache, v_cache, metadata.block_tables, metadata.seq_lens, scale, kv_scales)
         return out.to(q.dtype)
@@ -116,9 +120,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                                   metadata.seq_lens[index], scale, kv_scales)
     for i in range(metadata.num_seqs):
         start, end = starts[i], starts[i + 1]
-        if end - start > 1:
+        if end - start > 1 or tree is not None:
+            mask = None if tree is None else tree.dense(start, end, seq_lens[i]).to(q.device)
             out[start:end] = _prefill_one(q[start:end], k_cache, v_cache, metadata.block_tables[i],
-                                          seq_lens[i], scale, kv_scales)
+                                          seq_lens[i], scale, kv_scales, mask)
     return out.to(q.dtype)
 
 

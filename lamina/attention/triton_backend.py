@@ -44,6 +44,17 @@ def plan_decode(metadata: AttentionMetadata) -> int:
     return 0
 
 
+def _check_no_long_tree(metadata: AttentionMetadata) -> None:
+    """The prefill kernel (q_len > DECODE_MAX_Q) is causal only: no tree's rows may go there."""
+    tree, starts = metadata.tree_mask, metadata.query_start_loc_cpu
+    if tree is None:
+        return
+    for start, end in zip(starts, starts[1:]):
+        if end - start > DECODE_MAX_Q and any(tree.bits_cpu[start:end]):
+            raise ValueError(f"a tree of {end - start - 1} nodes: the Triton kernels take trees of at most "
+                             f"{DECODE_MAX_Q - 1} (speculative_token_tree; attention_backend 'torch' takes more)")
+
+
 class TritonAttentionBackend:
     """`forward(q [T, H, D], k [T, KV, D], v [T, KV, D], k_cache, v_cache, metadata, scale) -> [T, H, D]`.
 
@@ -69,7 +80,9 @@ class TritonAttentionBackend:
         store_kv(k, v, k_cache, v_cache, metadata.slot_mapping, kv_scales, pdl=use_pdl)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         args = (metadata.block_tables, metadata.seq_lens, metadata.query_start_loc)
+        tree = metadata.tree_mask
         if metadata.max_query_len > DECODE_MAX_Q:
+            _check_no_long_tree(metadata)
             prefill_attention(q, k_cache, v_cache, out, *args, metadata.max_query_len, scale,
                               min_query_len=DECODE_MAX_Q + 1, kv_scales=kv_scales)
         decode_max_q = plan_decode(metadata)
@@ -77,7 +90,7 @@ class TritonAttentionBackend:
             splits = self.num_splits or choose_num_splits(metadata.max_seq_len, metadata.num_seqs,
                                                           k_cache.shape[2])
             decode_attention(q, k_cache, v_cache, out, *args, decode_max_q, scale, splits, kv_scales=kv_scales,
-                             pdl=use_pdl)
+                             pdl=use_pdl, tree_mask=None if tree is None else (tree.ctx, tree.bits))
         return out
 
     def _use_kernels(self, q: torch.Tensor, k_cache: torch.Tensor) -> bool:

@@ -47,6 +47,10 @@ PROMPT_SETS = {
 TEMPERATURES = (0.0, 0.6)
 METHODS = ("ngram", "draft_model", "medusa", "early_exit", "eagle")
 FIXED = "-fixed"  # a label suffix: the method with the adaptive policy off
+TREE = "+tree"  # a label suffix: tree drafts of BENCH_TREE's shape
+# three candidates for the next token, two after the first, one after the second, and the main chain to depth 3
+# (7 nodes, lamina/spec/draft_tree.py)
+BENCH_TREE = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0))
 CLOSED_LOOP_REQUESTS = 3  # a concurrency row's requests, per request in flight
 Workload = Callable[[LLM], tuple[int, float]]  # runs one row on an engine: (tokens, seconds)
 DEMO_MODELS = {"draft_model": DEMO_DRAFT, "medusa": DEMO_MEDUSA, "eagle": DEMO_EAGLE}  # the shipped checkpoints
@@ -55,12 +59,15 @@ DEMO_MODELS = {"draft_model": DEMO_DRAFT, "medusa": DEMO_MEDUSA, "eagle": DEMO_E
 def spec_config(label: str, k: int | None = None, models: Mapping[str, str] = DEMO_MODELS) -> dict:
     """The speculative_config of a bench label: a method, or METHOD-fixed for that method with k fixed (the
     adaptive policy off: a tuned row); either may end in @K for num_speculative_tokens K instead of `k` (None:
-    the method's default); ``models``: the checkpoint of each method that has one."""
+    the method's default), or in +tree for tree drafts of BENCH_TREE's shape; ``models``: the checkpoint of each
+    method that has one."""
     label, _, own_k = label.partition("@")
     k = int(own_k) if own_k else k
+    tree = label.endswith(TREE)
+    label = label.removesuffix(TREE)
     method = label.removesuffix(FIXED)
-    config = {"method": method, **({"model": models[method]} if method in models else {}),
-              **({} if k is None else {"num_speculative_tokens": k})}
+    shape = {"speculative_token_tree": BENCH_TREE} if tree else {} if k is None else {"num_speculative_tokens": k}
+    config = {"method": method, **({"model": models[method]} if method in models else {}), **shape}
     return {**config, "adaptive": False} if label.endswith(FIXED) else config
 
 
@@ -251,10 +258,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="per engine (all engines live at once; default on CUDA: 4 GiB each)")
     args = parser.parse_args(argv)
     methods = _csv(args.methods, str)
-    unknown = sorted(m for m in methods if m.partition("@")[0].removesuffix(FIXED) not in METHODS
+    unknown = sorted(m for m in methods if m.partition("@")[0].removesuffix(TREE).removesuffix(FIXED) not in METHODS
                      or not (m.partition("@")[2] or "3").isdigit())
     if unknown:
-        parser.error(f"--methods: unknown {unknown}; allowed: {list(METHODS)}")
+        parser.error(f"--methods: unknown {unknown}; allowed: {list(METHODS)}, each optionally with {FIXED}, "
+                     f"then {TREE}, then @K")
     prompt_sets = _csv(args.prompt_sets, str)
     if unknown_sets := sorted(set(prompt_sets) - PROMPT_SETS.keys()):
         parser.error(f"--prompt-sets: unknown {unknown_sets}; allowed: {list(PROMPT_SETS)}")

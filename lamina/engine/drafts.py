@@ -176,7 +176,8 @@ class SpecDecodeStats:
     num_drafts: int = 0  # verify steps of a request with at least one draft
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)  # [j]: drafts accepted at position j
+    accepted_per_pos: list[int] = field(default_factory=list)  # [j]: drafts accepted at position (tree: depth) j + 1
+    depths: tuple[int, ...] = ()  # tree drafts: the depth of each node (lamina/spec/draft_tree.py); () for chains
     draft_seconds: float = 0.0  # host time spent proposing drafts
     verify_seconds: float = 0.0  # wall time of the engine steps that verified drafts
     # adaptive speculation (SpecPolicy), over the steps where some request could draft:
@@ -191,8 +192,9 @@ class SpecDecodeStats:
         self.num_drafts += 1
         self.num_draft_tokens += num_drafts
         self.num_accepted_tokens += num_accepted
-        if len(self.accepted_per_pos) < num_drafts:
-            self.accepted_per_pos += [0] * (num_drafts - len(self.accepted_per_pos))
+        positions = max(self.depths[:num_drafts]) if self.depths else num_drafts
+        if len(self.accepted_per_pos) < positions:
+            self.accepted_per_pos += [0] * (positions - len(self.accepted_per_pos))
         for j in range(num_accepted):
             self.accepted_per_pos[j] += 1
 

@@ -25,7 +25,7 @@ from lamina.engine.drafts import SpecDecodeStats, TokenArrays, Verdict, max_draf
 from lamina.engine.request import Request
 from lamina.engine.spec_gate import SpecGate
 from lamina.engine.spec_policy import SpecPolicy
-from lamina.spec.proposer import make_proposer
+from lamina.spec.proposer import draft_tree, make_proposer
 from lamina.step import DRAFT_ON_DEVICE, ModelRunnerOutput, SchedulerOutput
 
 
@@ -90,6 +90,8 @@ class Speculator:
         self.policy = policy
         self.gate = gate
         self.proposer = make_proposer(config)  # None: the worker drafts
+        tree = draft_tree(config)
+        stats.depths = () if tree is None else tree.depths
         self._arrays = TokenArrays()  # the drafting requests' tokens as numpy arrays, for the n-gram proposer
         self._rest = Rest()
         self._decision_share = 0.0  # a decision's host time over the step's (EMA), for Rest

@@ -13,7 +13,8 @@ The context [0, seq_len) is cut into num_splits runs of whole BLOCK_N tiles; spl
     keys [s * tiles_per_split * BLOCK_N, min((s + 1) * tiles_per_split * BLOCK_N, seq_len))
 
 (per sequence, so any num_splits is correct for any batch — a captured CUDA graph can fix it).
-Token j sits at position seq_len - q_len + j and sees keys up to it (causal among the 1 + k tokens).
+Token j sits at position seq_len - q_len + j and sees keys up to it (causal among the 1 + k tokens), or, with a
+tree mask (tree drafts), the keys its TreeMask row says (lamina.attention.metadata).
 With one split the program normalises and writes the output; otherwise it writes its partial
 (running max m, sum l, unnormalised acc; base-2 units) to
 
@@ -39,12 +40,12 @@ MAX_SPLITS = 64
 # Per-step integers are not specialized on (== 1, % 16): one compiled kernel serves every batch.
 @triton.jit(do_not_specialize=["stride_tab", "num_seqs"])
 def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-                   table_ptr, seq_lens_ptr, qsl_ptr, k_scale_ptr, v_scale_ptr,
+                   table_ptr, seq_lens_ptr, qsl_ptr, k_scale_ptr, v_scale_ptr, ctx_ptr, bits_ptr,
                    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch,
                    stride_tab, qk_scale, head_dim, num_heads, num_seqs,
                    GROUP: tl.constexpr, MAX_Q: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr,
-                   SCALED: tl.constexpr, F16_DOT: tl.constexpr, PDL: tl.constexpr):
+                   SCALED: tl.constexpr, F16_DOT: tl.constexpr, PDL: tl.constexpr, TREE: tl.constexpr):
     pdl.wait(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -67,6 +68,11 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_
     if F16_DOT:  # the dots in fp16 (decode_config); a query past fp16's range is clamped to it, not made inf
         q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
     q_pos = seq_len - q_len + tok
+    ctx = q_pos + 1
+    bits = tl.zeros([BLOCK_M], dtype=tl.int64)
+    if TREE:
+        ctx = tl.load(ctx_ptr + q_rows, mask=row_ok, other=0)
+        bits = tl.load(bits_ptr + q_rows, mask=row_ok, other=0)
     per_split = tl.cdiv(tl.cdiv(seq_len, BLOCK_N), num_splits) * BLOCK_N
     lo = split * per_split
     hi = tl.minimum(lo + per_split, seq_len)
@@ -80,7 +86,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_
     # a row may see nothing of this split (its position precedes it): EMPTY_ROWS
     acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, table_ptr, kv_head_off,
                                   stride_cb, stride_cs, lo, hi, q_pos, seq_len, qk_scale, offs_d, dmask,
-                                  BLOCK_N, PAGE, True, PREC, True)
+                                  BLOCK_N, PAGE, True, PREC, True, ctx, bits, TREE)
     pdl.launch_dependents(PDL)  # the keys and values are read: the next kernel may be placed
     if SCALED:
         acc = acc * tl.load(v_scale_ptr + kv_head)
@@ -154,13 +160,15 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                      max_query_len: int, scale: float, num_splits: int,
                      config: dict[str, int] | None = None,
-                     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: bool = False) -> None:
+                     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: bool = False,
+                     tree_mask: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """Causal attention over the paged cache for every sequence with q_len <= max_query_len, written
     into out [T, H, D] (the rows of longer sequences are left untouched).
 
     `num_splits` programs share each (sequence, kv head); `config` overrides entries of
     `decode_config` (BLOCK_N, num_warps, num_stages); kv_scales: (k_scale, v_scale) [KV] float32 for an
-    fp8 cache; pdl: launch both kernels with programmatic dependent launch (lamina.kernels.pdl)."""
+    fp8 cache; pdl: launch both kernels with programmatic dependent launch (lamina.kernels.pdl); tree_mask:
+    (ctx, bits) [T] int64 of a TreeMask, in place of the causal rule."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     num_seqs = seq_lens.shape[0]
@@ -177,15 +185,18 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     part_ml = q.new_empty((2, num_seqs, max_query_len, num_heads, num_splits) if split else (1,),
                           dtype=torch.float32)
     k_scale, v_scale = kv_scales or (seq_lens, seq_lens)  # unread when not SCALED
+    ctx, bits = tree_mask or (seq_lens, seq_lens)  # unread when not TREE
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, part_acc, part_ml, block_tables, seq_lens, query_start_loc, k_scale, v_scale,
+        ctx, bits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         scale * LOG2E, head_dim, num_heads, num_seqs,
         GROUP=group, MAX_Q=max_query_len, PAGE=k_cache.shape[1],
         BLOCK_M=max(16, triton.next_power_of_2(max_query_len * group)),
         BLOCK_D=block_d, SPLIT=split, PREC=dot_precision(q.dtype), SCALED=kv_scales is not None, PDL=pdl,
-        launch_pdl=pdl, **{**decode_config(head_dim, q.dtype, k_cache.dtype), **(config or {})})
+        TREE=tree_mask is not None, launch_pdl=pdl,
+        **{**decode_config(head_dim, q.dtype, k_cache.dtype), **(config or {})})
     if split:
         _reduce_kernel[(num_seqs, max_query_len, num_heads)](
             out, part_acc, part_ml, query_start_loc, out.stride(0), out.stride(1),

@@ -49,8 +49,9 @@ def paged_kv_offsets(table_ptr, start, seq_len, kv_head_off, stride_cb, stride_c
 def attend_tiles(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, table_ptr, kv_head_off,
                   stride_cb, stride_cs, lo, hi, q_pos, seq_len, qk_scale, offs_d, dmask,
                   BLOCK_N: tl.constexpr, PAGE: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr,
-                  EMPTY_ROWS: tl.constexpr):
-    """Online-softmax update of (acc, l_i, m_i) with keys [lo, hi); causal mask only if MASK.
+                  EMPTY_ROWS: tl.constexpr, ctx=None, bits=None, TREE: tl.constexpr = False):
+    """Online-softmax update of (acc, l_i, m_i) with keys [lo, hi); causal mask only if MASK, or with TREE a row
+    sees keys [0, ctx) and key ctx + b for each bit b of bits (lamina.attention.metadata.TreeMask).
 
     EMPTY_ROWS: a row may see no key of [lo, hi) at all (decode splits that start past its position):
     it then stays at m = -inf, l = 0 without forming -inf - -inf. Prefill rows always see a key."""
@@ -61,7 +62,12 @@ def attend_tiles(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, table_ptr, kv_head_
         k = tl.load(k_cache_ptr + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         if MASK:
-            keep = (pos[None, :] <= q_pos[:, None]) & (pos < seq_len)[None, :]
+            if TREE:
+                rel = pos[None, :] - ctx[:, None]
+                bit = (bits[:, None] >> tl.minimum(tl.maximum(rel, 0), 62).to(tl.int64)) & 1
+                keep = ((rel < 0) | ((rel < 63) & (bit == 1))) & (pos < seq_len)[None, :]
+            else:
+                keep = (pos[None, :] <= q_pos[:, None]) & (pos < seq_len)[None, :]
             qk = tl.where(keep, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new) if EMPTY_ROWS else m_new

@@ -62,3 +62,17 @@ def bind_kv_caches(model: nn.Module, caches: list[KVCache]) -> None:
         raise ValueError(f"model has {len(layers)} attention layers but {len(caches)} KV caches were given")
     for layer, cache in zip(layers, caches):
         layer.kv_cache = cache
+
+
+def move_kv(caches: list[KVCache], src_slots: list[int], dst_slots: list[int]) -> None:
+    """Copy the K and V of slots `src_slots` to `dst_slots` in every cache (tree drafts: an accepted node's KV
+    to the slot of its position). All sources are read before any destination is written."""
+    if not src_slots:
+        return
+    device = caches[0][0].device
+    src = torch.tensor(src_slots, dtype=torch.int64).to(device, non_blocking=True)
+    dst = torch.tensor(dst_slots, dtype=torch.int64).to(device, non_blocking=True)
+    for pair in caches:
+        for cache in pair:
+            flat = (cache.view(torch.uint8) if cache.element_size() == 1 else cache).flatten(0, 1)
+            flat.index_copy_(0, dst, flat.index_select(0, src))

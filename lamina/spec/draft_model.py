@@ -20,6 +20,11 @@ the rows and the drafts stay on the device (the verify step reads them there; wh
 read back later, `_Fed.drafts`). Drafts are the argmax, or samples drawn with the noise of the rows that verify
 them (lamina/spec/draft_sampling.py); `hidden` is not used.
 
+Tree drafts (`tree`, lamina/spec/draft_tree.py; eager only): after the catch-up, level d feeds every node of depth d
+that has children, in one forward (node i in the slot of position N + i, at position N - 1 + d, seeing the context
+and its ancestors), and a node's c children are its c best drafts (`ranked`). The main chain's fed nodes sit in the
+slots of their positions, as a chain's drafts do; the cache is taken to hold those only.
+
 Positions: the draft model has RoPE for max_position_embeddings = M positions. A request drafts at most
 M - N + 1 tokens (its last fed position stays below M), none once N > M: a short-context draft model
 drafts less, never fails (the protocol allows fewer drafts). A warning at load says when M is below the
@@ -34,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
+from lamina.attention.metadata import AttentionMetadata, TreeMask, set_attention_metadata
 from lamina.config import KernelChoice, ModelArch
 from lamina.device import packed_to_device
 from lamina.kv.cache import KVCache, allocate_kv_caches, bind_kv_caches, kv_cache_bytes_per_block
@@ -43,7 +48,8 @@ from lamina.loader.hf_config import load_model_arch
 from lamina.loader.model_loader import load_model
 from lamina.spec.draft_loop import (CatchUp, DraftLoop, HostCopy, ModelNet, block_table, slot_mapping,
                                    stack_columns)
-from lamina.spec.draft_sampling import DraftKeys, DraftPicker
+from lamina.spec.draft_sampling import DraftKeys, DraftPicker, ranked
+from lamina.spec.draft_tree import DraftTree
 from lamina.spec.model_proposer import DraftRequest, Drafts
 
 __all__ = ["DraftModelProposer"]
@@ -96,7 +102,8 @@ class DraftModelProposer:
     uses_hidden = False  # propose does not read `hidden`
 
     def __init__(self, model_dir: str, target_arch: ModelArch, dtype: torch.dtype, device: torch.device | str,
-                 attention_backend: str = "auto", kernels: KernelChoice = DEFAULT_KERNELS) -> None:
+                 attention_backend: str = "auto", kernels: KernelChoice = DEFAULT_KERNELS,
+                 tree: DraftTree | None = None) -> None:
         try:
             arch = load_model_arch(model_dir)
         except ValueError as exc:
@@ -116,6 +123,7 @@ class DraftModelProposer:
         self.block_size = 0  # set by bind_cache
         self.kv_caches: list[KVCache] = []
         self._fed: dict[str, _Fed] = {}
+        self.tree = tree
         self.loop: DraftLoop | None = None  # set by compile_and_capture
 
     def kv_bytes_per_block(self, block_size: int) -> int:
@@ -132,7 +140,7 @@ class DraftModelProposer:
         k - 1 decode steps) per batch bucket (lamina/spec/draft_loop.py) when max_batch_size > 0."""
         if warm_up is not None:  # within the draft's positions (RoPE tables end there)
             warm_up(self.model, max_model_len=min(max_model_len, self.arch.max_position_embeddings))
-        if max_batch_size == 0:
+        if max_batch_size == 0 or self.tree is not None:
             return
         kwargs = {} if graph_cls is None else {"graph_cls": graph_cls}
         max_len = min(max_model_len, self.arch.max_position_embeddings)
@@ -152,7 +160,11 @@ class DraftModelProposer:
         if not rows:
             return Drafts.empty(len(requests), self.device)
         table = block_table([r.request.block_ids for r in rows])
-        if self.loop is not None and self.loop.fits(len(rows), table.shape[1], rows[0].limit):
+        fed_drafts = [r.limit - 1 for r in rows]  # drafts whose KV is in place: a chain feeds all but its last
+        if self.tree is not None:
+            token_ids = self._propose_tree(rows, table)
+            fed_drafts = [self.tree.fed_chain(r.limit) for r in rows]
+        elif self.loop is not None and self.loop.fits(len(rows), table.shape[1], rows[0].limit):
             token_ids = self._propose_in_graph(rows, table)
         else:
             table_dev = torch.from_numpy(table).to(self.device, non_blocking=True)
@@ -164,7 +176,7 @@ class DraftModelProposer:
             token_ids = stack_columns(columns)
         fed = HostCopy(token_ids)
         for i, row in enumerate(rows):
-            self._remember(row, fed, i)
+            self._remember(row, fed, i, fed_drafts[i])
         return Drafts.of_rows(token_ids, len(requests), [r.index for r in rows], [r.limit for r in rows])
 
     def _propose_in_graph(self, rows: list[_Row], table: np.ndarray) -> torch.Tensor:
@@ -229,16 +241,16 @@ class DraftModelProposer:
             pos += 1
         return min(pos, n - 1)
 
-    def _remember(self, row: _Row, drafts: HostCopy, index: int) -> None:
-        """The draft cache now holds token_ids[:N] and the drafts fed at N, ..., N+k-2 (row `index` of
-        `drafts`, read when the next call needs them)."""
+    def _remember(self, row: _Row, drafts: HostCopy, index: int, fed_drafts: int) -> None:
+        """The draft cache now holds token_ids[:N] and the first `fed_drafts` drafts at N, N + 1, ... (row `index`
+        of `drafts`, read when the next call needs them)."""
         request, n = row.request, row.n
         fed = self._fed.setdefault(request.req_id, _Fed([], 0))
         tokens = fed.read()
         del tokens[row.start:]
         tokens.extend(int(t) for t in request.token_ids[row.start:n])
         fed.verified = n
-        fed.drafts = (drafts, index, row.limit - 1)
+        fed.drafts = (drafts, index, fed_drafts)
 
     def _catch_up(self, rows: list[_Row], table: np.ndarray, table_dev: torch.Tensor) -> torch.Tensor:
         """One flat forward over token_ids[s:N] of every row; returns the logits of draft 0 of each row."""
@@ -262,10 +274,49 @@ class DraftModelProposer:
     def _slots(self, table: np.ndarray, row_of: np.ndarray, positions: np.ndarray) -> np.ndarray:
         return slot_mapping(table, row_of, positions, self.block_size)
 
+    def _propose_tree(self, rows: list[_Row], table: np.ndarray) -> torch.Tensor:
+        """Each row's first `limit` nodes of the tree, in node order: drafts [len(rows), max limit] (module
+        docstring)."""
+        tree, limits = self.tree, [r.limit for r in rows]
+        keys = DraftKeys.of([r.request for r in rows], tree.depth)
+        params = torch.from_numpy(DraftKeys.argmax_params(len(rows)) if keys is None else keys.params)
+        drafts = torch.zeros((len(rows), max(limits)), dtype=torch.int64, device=self.device)
+        logits = self._catch_up(rows, table, torch.from_numpy(table).to(self.device, non_blocking=True))
+        parents = [(i, -1) for i in range(len(rows))]  # (row, node) of each row of `logits`; -1: the root
+        while parents:
+            children = [tree.children(node, limits[i]) for i, node in parents]
+            depths = [0 if node < 0 else tree.depths[node] for _, node in parents]
+            at = [i for i, _ in parents]
+            row_keys = [0] * len(parents) if keys is None else keys.keys[depths, at].tolist()
+            tokens = ranked(logits, [p[at].to(self.device) for p in params], row_keys, max(map(len, children)))
+            for r, ((i, _), kids) in enumerate(zip(parents, children)):
+                drafts[i, kids] = tokens[r, :len(kids)]
+            parents = [(i, c) for (i, _), kids in zip(parents, children) for c in kids if tree.children(c, limits[i])]
+            if parents:
+                logits = self._forward_nodes(rows, parents, drafts, table)
+        return drafts
+
+    def _forward_nodes(self, rows: list[_Row], nodes: list[tuple[int, int]], drafts: torch.Tensor,
+                       table: np.ndarray) -> torch.Tensor:
+        """Feed the tree `nodes` [(row, node)], grouped by row in node order: their logits [len(nodes), V]."""
+        order = list(dict.fromkeys(i for i, _ in nodes))
+        by_row = {i: [c for j, c in nodes if j == i] for i in order}
+        row_of = np.repeat(np.arange(len(order)), [len(by_row[i]) for i in order])
+        ids = drafts[[i for i, _ in nodes], [c for _, c in nodes]]
+        positions = np.array([rows[i].n - 1 + self.tree.depths[c] for i, c in nodes], dtype=np.int64)
+        slot_positions = np.array([rows[i].n + c for i, c in nodes], dtype=np.int64)
+        sub_table = table[order]
+        seq_lens = np.array([rows[i].n + 1 + max(by_row[i]) for i in order], dtype=np.int64)
+        mask = TreeMask.of([rows[i].n for i, _ in nodes], [self.tree.ancestor_bits(c) for _, c in nodes], self.device)
+        query_start = np.concatenate(([0], np.cumsum([len(by_row[i]) for i in order])))
+        return self._draft(ids, positions, self._slots(sub_table, row_of, slot_positions), query_start, seq_lens,
+                           torch.from_numpy(sub_table).to(self.device, non_blocking=True), mask)
+
     def _draft(self, ids: np.ndarray | torch.Tensor, positions: np.ndarray, slots: np.ndarray,
-               query_start: np.ndarray, seq_lens: np.ndarray, table_dev: torch.Tensor) -> torch.Tensor:
+               query_start: np.ndarray, seq_lens: np.ndarray, table_dev: torch.Tensor,
+               tree_mask: TreeMask | None = None) -> torch.Tensor:
         """One eager forward of a flat batch (`ids` on the host or already on the device); returns the logits at
-        each sequence's last row [B, V]."""
+        each sequence's last row [B, V], or at every row with a `tree_mask` (tree nodes)."""
         last = query_start[1:] - 1
         longs = [positions, slots, last] + ([ids] if isinstance(ids, np.ndarray) else [])
         moved = packed_to_device(longs, np.int64, self.device)
@@ -274,10 +325,10 @@ class DraftModelProposer:
         metadata = AttentionMetadata(
             slot_mapping=moved[1], query_start_loc=ints[0], seq_lens=ints[1], block_tables=table_dev,
             max_query_len=int((query_start[1:] - query_start[:-1]).max()), max_seq_len=max(lens_cpu),
-            query_start_loc_cpu=starts_cpu, seq_lens_cpu=lens_cpu)
+            query_start_loc_cpu=starts_cpu, seq_lens_cpu=lens_cpu, tree_mask=tree_mask)
         with set_attention_metadata(metadata):
             hidden = self.model(moved[3] if len(moved) > 3 else ids, moved[0])
-        if len(last) != len(hidden):  # decode steps: every row is a last row
+        if tree_mask is None and len(last) != len(hidden):  # decode steps: every row is a last row
             hidden = hidden.index_select(0, moved[2])
         return self.model.compute_logits(hidden)
 

@@ -22,7 +22,9 @@ The proposers whose network is a language model sample so (a draft model; early 
 layers); EAGLE's and Medusa's heads, trained on the target's greedy tokens, draft the argmax (lamina/spec/eagle.py).
 
 `DraftKeys` holds one propose call's rows on the host; `DraftPicker` draws eagerly; a DraftLoop draws inside its
-CUDA graph from static copies of the same (lamina/spec/draft_loop.py). Both go through `pick`.
+CUDA graph from static copies of the same (lamina/spec/draft_loop.py). Both go through `pick`. Tree drafts take a
+node's c children from `ranked`: the race's first c finishers (its winner, `pick`'s draft, then the runners-up: a
+sample of q without replacement, as Gumbel-top-k draws one), on the torch path.
 """
 from __future__ import annotations
 
@@ -35,11 +37,11 @@ import torch
 
 from lamina.device import packed_to_device
 from lamina.layers.dispatch import kernel_module
-from lamina.layers.sampler import apply_min_p, apply_top_k_top_p, exponential_race, uses_sampling_kernel
+from lamina.layers.sampler import apply_min_p, apply_top_k_top_p, exponential_noise, uses_sampling_kernel
 from lamina.layers.sampling_metadata import seeded_keys
 from lamina.spec.model_proposer import DraftRequest
 
-__all__ = ["DraftKeys", "DraftPicker", "coupled_acceptance", "pick", "sampling_kernels"]
+__all__ = ["DraftKeys", "DraftPicker", "coupled_acceptance", "pick", "ranked", "sampling_kernels"]
 
 
 @dataclass
@@ -92,9 +94,29 @@ def pick(logits: torch.Tensor, params: Sequence[torch.Tensor], keys: torch.Tenso
     return tokens
 
 
+def ranked(logits: torch.Tensor, params: Sequence[torch.Tensor], keys: Sequence[int], count: int) -> torch.Tensor:
+    """Each row's `count` drafts [n, count] from `logits` [n, V], best first: the argmax order for a row at
+    temperature 0, else the order in which the tokens of q finish its race (the first is `pick`'s draft on the
+    torch path). `params` as for `pick`, `keys` [n] on the host."""
+    temperature = params[0]
+    tokens = logits.topk(count, dim=-1).indices
+    rows = [i for i, t in enumerate(temperature.tolist()) if t > 0]
+    if rows:
+        index = torch.tensor(rows, device=logits.device)
+        chosen = [p.index_select(0, index) for p in params]
+        scores = _race_scores(logits.index_select(0, index).float(), chosen, [keys[i] for i in rows])
+        tokens[index] = scores.topk(count, dim=-1).indices
+    return tokens
+
+
 def _race(logits: torch.Tensor, params: list[torch.Tensor], keys: list[int]) -> torch.Tensor:
     """The sampler's torch path on q (lamina.layers.sampler.random_probs without top-k), each row's noise from a
     generator seeded as its verify row's (lamina/worker/model_runner.py's _seeded_generators)."""
+    return _race_scores(logits, params, keys).argmax(dim=-1)
+
+
+def _race_scores(logits: torch.Tensor, params: list[torch.Tensor], keys: list[int]) -> torch.Tensor:
+    """q / E of `_race` [n, V]: the largest wins (exponential_race's scores)."""
     temperature, top_p, min_p = params
     x = logits / temperature.unsqueeze(1)
     if bool((top_p < 1).any()):
@@ -103,7 +125,7 @@ def _race(logits: torch.Tensor, params: list[torch.Tensor], keys: list[int]) -> 
     if bool((min_p > 0).any()):
         probs = apply_min_p(probs, min_p)
     generators = {row: torch.Generator(logits.device).manual_seed(key % 2**64) for row, key in enumerate(keys)}
-    return exponential_race(probs, generators, None)
+    return probs / exponential_noise(probs, generators, None).clamp_(min=torch.finfo(torch.float32).tiny)
 
 
 class DraftPicker:

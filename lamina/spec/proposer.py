@@ -12,10 +12,11 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from lamina.config import ModelArch, SpeculativeConfig
+from lamina.spec.draft_tree import DraftTree
 from lamina.spec.model_proposer import ModelProposer
 from lamina.spec.ngram import NgramProposer
 
-__all__ = ["Proposer", "make_proposer", "make_model_proposer"]
+__all__ = ["Proposer", "draft_tree", "make_proposer", "make_model_proposer"]
 
 
 @runtime_checkable
@@ -41,6 +42,13 @@ class Proposer(Protocol):
         ...
 
 
+def draft_tree(config: SpeculativeConfig | None) -> DraftTree | None:
+    """The tree of `config.speculative_token_tree` (None: chains)."""
+    if config is None or config.speculative_token_tree is None:
+        return None
+    return DraftTree.of(config.speculative_token_tree)
+
+
 def make_proposer(config: SpeculativeConfig) -> Proposer | None:
     """The engine-side proposer of `config.method`; None for the methods that run in the worker."""
     if config.method != "ngram":
@@ -54,7 +62,8 @@ def make_model_proposer(config: SpeculativeConfig, target: torch.nn.Module, arch
     per method here, imported only when used."""
     if config.method == "draft_model":  # the heads below take the target's KernelChoice; the draft model too
         from lamina.spec.draft_model import DraftModelProposer
-        return DraftModelProposer(config.model, arch, dtype, device, attention_backend, target.kernels)
+        return DraftModelProposer(config.model, arch, dtype, device, attention_backend, target.kernels,
+                                  draft_tree(config))
     if config.method == "medusa":
         from lamina.spec.medusa import MedusaProposer
         return MedusaProposer(config.model, target, device, dtype)

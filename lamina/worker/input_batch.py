@@ -15,6 +15,9 @@ forward needs: first as host lists (`HostBatch`), then as device tensors (`Input
     in-flight step's sample there; it always samples
     drafts the drafter holds on the device (lamina/step.py's DRAFT_ON_DEVICE): placeholder input ids until the
     model runner writes the drafts there on the device (DevicePatch)
+    tree drafts (the first m nodes of a DraftTree): node i at position c + q - 1 - m + depth(i) (its slot stays
+    that of c + q - m + i), seeing the keys up to the root and its ancestors (a TreeMask over the whole batch: the
+    other tokens causal)
 
 The device copy packs the int64 lists (ids, positions, slots, logits rows) into one host array and
 the int32 ones (query starts, seq lens, block tables) into another, each field 16-byte aligned: two
@@ -29,8 +32,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from lamina.attention.metadata import AttentionMetadata
+from lamina.attention.metadata import AttentionMetadata, TreeMask
 from lamina.device import packed_to_device
+from lamina.spec.draft_tree import DraftTree
 from lamina.step import SchedulerOutput
 from lamina.worker.batch_state import BatchState
 
@@ -76,6 +80,7 @@ class HostBatch:
     num_draft_tokens: list[int] = field(default_factory=list)  # [S]: k, drafts verified (k + 1 logits rows)
     draft_token_ids: list[int] = field(default_factory=list)  # the drafts, flat, in row order
     prompt_rows: PromptRows | None = None  # prompt_logprobs: their rows end logits_indices
+    tree_mask: tuple[list[int], list[int]] | None = None  # tree drafts: TreeMask's ctx and bits of every token
 
     @property
     def num_seqs(self) -> int:
@@ -117,7 +122,17 @@ def _token_slice(tokens: list[int], drafts: list[int], start: int, end: int) -> 
     return (tokens + drafts)[start:end]
 
 
-def plan_batch(scheduled: SchedulerOutput, states: BatchState, block_size: int) -> HostBatch:
+def _tree_rows(tree: DraftTree, m: int, end: int, positions: list[int], ctx: list[int], bits: list[int]) -> None:
+    """The request's last m tokens are the tree's first m nodes: at their depths' positions, seeing the keys up to
+    the root (end - 1 - m) and their ancestors."""
+    root = end - 1 - m
+    positions[len(positions) - m:] = [root + d for d in tree.depths[:m]]
+    ctx[len(ctx) - m:] = [root + 1] * m
+    bits[len(bits) - m:] = [tree.ancestor_bits(i) for i in range(m)]
+
+
+def plan_batch(scheduled: SchedulerOutput, states: BatchState, block_size: int,
+               tree: DraftTree | None = None) -> HostBatch:
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -130,6 +145,8 @@ def plan_batch(scheduled: SchedulerOutput, states: BatchState, block_size: int) 
     draft_ids: list[int] = []
     tables: list[list[int]] = []
     prompt_rows = PromptRows()
+    ctx: list[int] = []  # tree drafts: TreeMask's rows, the causal ones too
+    bits: list[int] = []
     drafts, held = scheduled.scheduled_spec_decode_tokens, states.requests
     for req_id in scheduled.req_ids:
         state = held[req_id]
@@ -153,6 +170,9 @@ def plan_batch(scheduled: SchedulerOutput, states: BatchState, block_size: int) 
             slots += [blocks[pos // block_size] * block_size + pos % block_size for pos in range(start, end)]
         query_start.append(len(input_ids))
         seq_lens.append(end)
+        if tree is not None:
+            ctx += range(start + 1, end + 1)
+            bits += [0] * (end - start)
         if end >= state.num_tokens or scheduled.decode_ahead:
             verified = drafts.get(req_id, [])[:end - state.num_tokens]
             logits_indices.extend(range(len(input_ids) - 1 - len(verified), len(input_ids)))
@@ -160,11 +180,14 @@ def plan_batch(scheduled: SchedulerOutput, states: BatchState, block_size: int) 
             sample_positions.append(end - len(verified))
             num_drafts.append(len(verified))
             draft_ids += verified
+            if tree is not None and verified:
+                _tree_rows(tree, len(verified), end, positions, ctx, bits)
     width = max(len(t) for t in tables)
     tables = [t + [0] * (width - len(t)) for t in tables]
     logits_indices += prompt_rows.flat_indices
     return HostBatch(input_ids, positions, slots, query_start, seq_lens, tables, logits_indices, sampling,
-                     sample_positions, num_drafts, draft_ids, prompt_rows if prompt_rows.req_ids else None)
+                     sample_positions, num_drafts, draft_ids, prompt_rows if prompt_rows.req_ids else None,
+                     (ctx, bits) if any(bits) else None)
 
 
 def to_device(host: HostBatch, device: torch.device) -> InputBatch:
@@ -180,5 +203,6 @@ def to_device(host: HostBatch, device: torch.device) -> InputBatch:
     metadata = AttentionMetadata(
         slot_mapping=slots, query_start_loc=query_start, seq_lens=seq_lens,
         block_tables=tables.view(num_seqs, width), max_query_len=host.max_query_len,
-        max_seq_len=max(host.seq_lens), query_start_loc_cpu=host.query_start_loc, seq_lens_cpu=host.seq_lens)
+        max_seq_len=max(host.seq_lens), query_start_loc_cpu=host.query_start_loc, seq_lens_cpu=host.seq_lens,
+        tree_mask=None if host.tree_mask is None else TreeMask.of(*host.tree_mask, device))
     return InputBatch(input_ids=ids, positions=positions, attn_metadata=metadata, logits_indices=logits_indices)

@@ -9,6 +9,7 @@ device.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -16,9 +17,11 @@ import torch
 from lamina.attention.metadata import set_attention_metadata
 from lamina.failures import is_fatal
 from lamina.kernels import compile_counter
+from lamina.kv.cache import attention_layers, move_kv
 from lamina.layers.sampler import Sampler, SamplerOutput, SamplingMetadata, uses_sampling_kernel
 from lamina.layers.sampling_metadata import min_tokens_mask, philox_keys
 from lamina.sampling_params import SamplingParams
+from lamina.spec.draft_tree import DraftTree
 from lamina.step import DRAFT_ON_DEVICE, ModelRunnerOutput, SchedulerOutput
 from lamina.worker.batch_state import BatchState
 from lamina.worker.cuda_graphs import CudaGraphRunner
@@ -38,10 +41,11 @@ def _select_rows(t: torch.Tensor, rows: list[int], device: torch.device) -> torc
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, block_size: int, vocab_size: int, device: torch.device,
-                 seed: int, drafter: Drafter | None = None) -> None:
+                 seed: int, drafter: Drafter | None = None, tree: DraftTree | None = None) -> None:
         """`drafter`: runs the worker-side proposer after each step's tokens are known (None: nothing drafts
         here); every request then gets a salt (BatchState) that keys the rows verifying its drafts, which the
-        drafts were drawn with (lamina/spec/draft_sampling.py)."""
+        drafts were drawn with (lamina/spec/draft_sampling.py). `tree`: the drafts are the first nodes of this
+        tree (lamina/spec/draft_tree.py), not chains."""
         self.model = model
         self.block_size = block_size
         self.vocab_size = vocab_size
@@ -54,6 +58,7 @@ class ModelRunner:
         self.kernel_sampling = uses_sampling_kernel(device)  # the one place that picks the sampling path
         self.graphs: CudaGraphRunner | None = None  # set by the Worker when decode steps are captured
         self.drafter = drafter
+        self.tree = tree
         self._prompt_logprobs: PromptLogprobsResult | None = None  # the step's scored prompt rows (execute_model)
 
     @torch.inference_mode()
@@ -90,7 +95,7 @@ class ModelRunner:
         previous, self._last = self._last, None
         if scheduled.is_empty:
             return PendingStep([], None)
-        host = plan_batch(scheduled, self.states, self.block_size)
+        host = plan_batch(scheduled, self.states, self.block_size, self.tree)
         ahead_ids = self._ahead_input_ids(host.sampling_req_ids, previous) if scheduled.decode_ahead else None
         drafts = self._held_drafts(host)
         hidden, logits = self._forward(host, ahead_ids, drafts)
@@ -123,6 +128,8 @@ class ModelRunner:
         positions = [p for p, k in zip(host.sample_positions, host.num_draft_tokens) if k]
         verified, failed = self._verify_drafts(_select_rows(logits, spec_rows, self.device), spec, num_drafts,
                                                draft_ids, positions)
+        if verified is not None and self.tree is not None:
+            verified.tree, verified.on_paths = self.tree, self._kv_mover(spec, positions)
         if not plain:
             return PendingStep([], None, failed=failed, on_result=self.states.record, verified=verified)
         positions = [p for p, k in zip(host.sample_positions, host.num_draft_tokens) if not k]
@@ -144,7 +151,8 @@ class ModelRunner:
         makes). Logprobs come from each row's raw logits. If sampling raises, those requests fail and the rest
         of the step goes on."""
         rows = [r for r, k in zip(spec, num_drafts) for _ in range(k + 1)]
-        row_positions = [p + j for p, k in zip(positions, num_drafts) for j in range(k + 1)]
+        offsets = (lambda k: range(k + 1)) if self.tree is None else (lambda k: (0, *self.tree.depths[:k]))
+        row_positions = [p + j for p, k in zip(positions, num_drafts) for j in offsets(k)]
         try:
             out = self._sample(logits, rows, row_positions, salted=True)
         except Exception as err:  # noqa: BLE001 - the drafting requests end with the error, the others go on
@@ -153,6 +161,26 @@ class ModelRunner:
             return None, {r: f"verifying drafts failed: {err!r}" for r in spec}
         num_logprobs = [self.states.requests[r].sampling_params.logprobs for r in spec]
         return Verified(spec, out.sampled_token_ids, num_drafts, draft_ids, out.logprobs, num_logprobs), {}
+
+    def _kv_mover(self, req_ids: list[str], sample_positions: list[int]) -> Callable[[dict[str, list[int]]], None]:
+        """What moves the KV of each request's accepted tree nodes to the slots of their positions once the paths
+        are read (DraftTree.moves; the root of request i is at sample_positions[i] - 1)."""
+        caches = [layer.kv_cache for layer in attention_layers(self.model)]
+        tree, block_size = self.tree, self.block_size
+        tables = {r: (p - 1, list(self.states.requests[r].block_ids)) for r, p in zip(req_ids, sample_positions)}
+
+        def slot(blocks: list[int], position: int) -> int:
+            return blocks[position // block_size] * block_size + position % block_size
+
+        def move(paths: dict[str, list[int]]) -> None:
+            src, dst = [], []
+            for req_id, path in paths.items():
+                root, blocks = tables[req_id]
+                for a, b in tree.moves(path):
+                    src.append(slot(blocks, root + a))
+                    dst.append(slot(blocks, root + b))
+            move_kv(caches, src, dst)
+        return move
 
     def _pending(self, req_ids: list[str], out: SamplerOutput, failed: dict[str, str] | None = None,
                  verified: Verified | None = None) -> PendingStep:
@@ -239,7 +267,7 @@ class ModelRunner:
         """(hidden states of the rows in logits_indices, their logits when a captured graph computed them, else
         None). Batches of rows of at most q tokens (decode: 1, verify: 1 + k) replay a captured graph when there
         is one; the rest run eagerly. `ahead_ids` overwrite the input ids, `drafts` some of them."""
-        if self.graphs is not None and self.graphs.can_run(host):
+        if self.graphs is not None and host.tree_mask is None and self.graphs.can_run(host):
             # all rows, unless a one-token prompt chunk rides among the decodes (it samples nothing)
             hidden, logits = self.graphs.run(host, ahead_ids, drafts)
             rows = host.logits_indices

@@ -3,6 +3,7 @@ sync (lamina/executor/base.py's StepFuture)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -11,6 +12,7 @@ import torch
 from lamina.device import to_host_async
 from lamina.layers.accept_drafts import accept_drafts
 from lamina.layers.sampler import LogprobsTensors, to_logprob_dicts
+from lamina.spec.draft_tree import DraftTree
 from lamina.step import ModelRunnerOutput
 from lamina.worker.prompt_logprobs import PromptLogprobsResult
 
@@ -19,8 +21,10 @@ from lamina.worker.prompt_logprobs import PromptLogprobsResult
 class Verified:
     """The requests of a step whose drafts were verified: request i's k_i + 1 rows of `sampled` (one sample each,
     on the device until read) and its k_i drafts in `draft_ids` (flat; on the device too when the drafter made
-    them); reading keeps the drafts that equal their samples and one sample more (lamina.layers.accept_drafts).
-    `logprobs` (when a request asked) has one row per sampled row."""
+    them); reading keeps the drafts that equal their samples and one sample more (lamina.layers.accept_drafts), or,
+    with a `tree`, the path the samples take through it (DraftTree.walk), which `on_paths` then gets (request id ->
+    its accepted nodes: their KV moves to the slots of their positions). `logprobs` (when a request asked) has one
+    row per sampled row."""
 
     req_ids: list[str]
     sampled: torch.Tensor  # [sum(k_i + 1)] int64
@@ -28,6 +32,8 @@ class Verified:
     draft_ids: list[int] | torch.Tensor
     logprobs: LogprobsTensors | None = None
     num_logprobs: list[int | None] = field(default_factory=list)  # per request
+    tree: DraftTree | None = None
+    on_paths: Callable[[dict[str, list[int]]], None] | None = None
 
     def to_host(self) -> Verified:
         draft_ids = self.draft_ids if isinstance(self.draft_ids, list) else to_host_async(self.draft_ids)
@@ -38,17 +44,31 @@ class Verified:
         """Add each request's tokens (and the logprobs of each) to the answer's dicts (host tensors)."""
         rows = self.sampled.tolist()
         draft_ids = self.draft_ids if isinstance(self.draft_ids, list) else self.draft_ids.tolist()
-        tokens = accept_drafts(rows, self.num_drafts, draft_ids)
-        sampled.update(zip(self.req_ids, tokens))
+        emitted_rows = self._emitted_rows(rows, draft_ids)
+        sampled.update((r, [rows[i] for i in emitted]) for r, emitted in zip(self.req_ids, emitted_rows))
         if self.logprobs is None:
             return
         per_row = [n for n, k in zip(self.num_logprobs, self.num_drafts) for _ in range(k + 1)]
         dicts = to_logprob_dicts(self.logprobs, rows, per_row)
-        start = 0
-        for req_id, emitted, k, asked in zip(self.req_ids, tokens, self.num_drafts, self.num_logprobs):
+        for req_id, emitted, asked in zip(self.req_ids, emitted_rows, self.num_logprobs):
             if asked is not None:
-                logprobs[req_id] = dicts[start:start + len(emitted)]
-            start += k + 1
+                logprobs[req_id] = [dicts[i] for i in emitted]
+
+    def _emitted_rows(self, rows: list[int], draft_ids: list[int]) -> list[list[int]]:
+        """Each request's rows whose samples it emits, in order."""
+        if self.tree is None:
+            starts = itertools.accumulate((k + 1 for k in self.num_drafts), initial=0)
+            tokens = accept_drafts(rows, self.num_drafts, draft_ids)
+            return [list(range(start, start + len(t))) for start, t in zip(starts, tokens)]
+        emitted, paths, row, flat = [], {}, 0, 0
+        for req_id, k in zip(self.req_ids, self.num_drafts):
+            path = self.tree.walk(rows[row:row + k + 1], draft_ids[flat:flat + k], k)
+            emitted.append([row] + [row + 1 + node for node in path])
+            paths[req_id] = path
+            row, flat = row + k + 1, flat + k
+        if self.on_paths is not None:
+            self.on_paths(paths)
+        return emitted
 
 
 def _logprobs_to_host(logprobs: LogprobsTensors | None) -> LogprobsTensors | None:

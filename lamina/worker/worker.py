@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from lamina.config import DEFAULT_CPU_KV_BYTES, EngineConfig, KernelChoice, ModelArch
+from lamina.config import MAX_SPEC_TOKENS, DEFAULT_CPU_KV_BYTES, EngineConfig, KernelChoice, ModelArch
 from lamina.device import resolve_device, resolve_dtype
 from lamina.distributed.parallel_state import SINGLE, TensorParallelGroup, building
 from lamina.kernels import compile_counter
@@ -31,7 +31,7 @@ from lamina.kv.fp8_scales import calibrate_kv_scales
 from lamina.loader.hf_config import check_model_len
 from lamina.loader.model_loader import load_model
 from lamina.step import SchedulerOutput
-from lamina.spec.proposer import make_model_proposer
+from lamina.spec.proposer import draft_tree, make_model_proposer
 from lamina.worker.cuda_graphs import CudaGraphRunner, graph_decision
 from lamina.worker.drafter import Drafter
 from lamina.worker.kv_sizing import blocks_for_utilization, profile_peak_bytes
@@ -74,11 +74,16 @@ class Worker:
             logger.info("the checkpoint carries fp8 KV cache scales: kv_cache_dtype='fp8' would use them; "
                         "the cache is in %s (kv_cache_dtype=%r)", self.dtype, cache.kv_cache_dtype)
         spec = config.speculative_config
+        tree = draft_tree(spec)
+        if tree is not None and tree.size > MAX_SPEC_TOKENS and self._attention_backend() != "torch":
+            raise ValueError(f"speculative_token_tree: the Triton kernels verify trees of at most {MAX_SPEC_TOKENS} "
+                             f"nodes (8 query tokens a request), this one has {tree.size}; attention_backend 'torch' "
+                             "takes up to 63")
         self.proposer = None if spec is None else make_model_proposer(
             spec, self.model, arch, self.dtype, self.device, cache.block_size, config.attention_backend)
         drafter = None if self.proposer is None else Drafter(self.proposer, cache.block_size)
         self.runner = ModelRunner(self.model, cache.block_size, arch.vocab_size, self.device,
-                                  config.model_config.seed, drafter)
+                                  config.model_config.seed, drafter, tree)
         self.num_blocks = 0  # set by initialize_cache
         self.max_model_len = 0
 

@@ -1,7 +1,9 @@
 """Sampling with drafts keeps the target distribution: the generated tokens are distributed as without
 speculation, by two-sample chi-square tests over thousands of unseeded requests, for n-gram drafts (one-hot), for
 drafts sampled from a draft model's and early exit's own distributions (lamina/spec/draft_sampling.py), and for the
-shipped EAGLE head's argmax drafts on the demo model (a tiny model's random head is too seldom right to test)."""
+shipped EAGLE head's argmax drafts and the demo draft model's tree drafts on the demo model (a tiny model's random head
+is too seldom right to test, and a tiny random model's next token depends too little on its context for a wrong one
+to show)."""
 from __future__ import annotations
 
 import shutil
@@ -12,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from lamina import DEMO_EAGLE, DEMO_MODEL, LLM, SamplingParams
+from lamina import DEMO_DRAFT, DEMO_EAGLE, DEMO_MODEL, LLM, SamplingParams
 from lamina.bench.sampling import chi2_critical
 from tests.helpers.tiny_models import make_tiny_model
 
@@ -121,6 +123,23 @@ def test_eagle_drafts_keep_the_demo_models_distribution() -> None:
                                  "adaptive": False})
     stats = llm.engine.get_stats().spec
     assert stats.num_draft_tokens > DEMO_REQUESTS and 0.2 < stats.acceptance_rate < 0.9, stats
+    for position in range(1, MAX_TOKENS):
+        stat, df = two_sample_chi2(Counter(t[position] for t in plain), Counter(t[position] for t in drafted))
+        assert df > 5 and stat < chi2_critical(df), (position, stat, df)
+    joint, df = two_sample_chi2(Counter(t[:2] for t in plain), Counter(t[:2] for t in drafted))
+    assert joint < chi2_critical(df), (joint, df)
+
+
+def test_tree_drafts_keep_the_demo_models_distribution() -> None:
+    """The demo draft model's tree drafts: two candidates for the next token (the first two finishers of its race;
+    MAX_TOKENS leaves room for two drafts), the second accepted when its sample is not the first, whose row then
+    samples the token after it with the tree's mask (the two agreed with the sample in ~91 % of verify steps).
+    Token-for-token checks of the walk and the mask are tests/engine/test_spec_tree.py's."""
+    plain, _ = demo_samples(None)
+    drafted, llm = demo_samples({"method": "draft_model", "model": DEMO_DRAFT,
+                                 "speculative_token_tree": [(0,), (1,), (1, 0)], "adaptive": False})
+    stats = llm.engine.get_stats().spec
+    assert stats.num_draft_tokens > DEMO_REQUESTS and stats.accepted_per_pos[0] > 0.5 * DEMO_REQUESTS, stats
     for position in range(1, MAX_TOKENS):
         stat, df = two_sample_chi2(Counter(t[position] for t in plain), Counter(t[position] for t in drafted))
         assert df > 5 and stat < chi2_critical(df), (position, stat, df)

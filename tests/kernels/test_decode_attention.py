@@ -1,4 +1,4 @@
-"""The paged decode kernel against torch_ref: q_len 1 and 1 + k (k = 3), contexts cut into several
+"""The paged decode kernel against torch_ref: q_len 1 and 1 + k (k = 3), tree masks, contexts cut into several
 splits (empty splits and split boundaries inside the 1 + k verified tokens included), GQA 1/2/4."""
 from __future__ import annotations
 
@@ -57,3 +57,29 @@ def test_choose_num_splits() -> None:
     assert choose_num_splits(max_seq_len=32768, num_seqs=64, num_kv_heads=8) == 1  # the grid is full
     assert choose_num_splits(max_seq_len=32768, num_seqs=16, num_kv_heads=8) == 4
     assert choose_num_splits(max_seq_len=4096, num_seqs=256, num_kv_heads=8) == 1
+
+
+@pytest.mark.parametrize("dtype,num_splits", [(torch.float32, 1), (torch.bfloat16, 3)])
+def test_decode_with_a_tree_mask_matches_reference(dtype: torch.dtype, num_splits: int) -> None:
+    """Two tree verifications (root + 7 nodes: each node sees the keys up to the root and its ancestors) beside a
+    decode and a chain verification (causal rows of the same TreeMask), against torch_ref under the same mask."""
+    from lamina.attention.metadata import TreeMask
+    from lamina.spec.draft_tree import DraftTree
+    tree = DraftTree.of([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
+    q_lens, seq_lens = [8, 1, 4, 8], [150, 33, 67, 40]
+    case = make_case(seq_lens, q_lens, 4, 2, 64, 16, dtype, seed=3)
+    ctx, bits = [], []
+    for n, q in zip(seq_lens, q_lens):
+        ctx += range(n - q + 1, n + 1)
+        bits += [0] * q
+        if q == 8:  # the last 7 tokens are the tree's nodes, the one before them the root (key n - 8)
+            ctx[-7:], bits[-7:] = [n - 7] * 7, [tree.ancestor_bits(i) for i in range(7)]
+    causal = case.reference()
+    case.metadata.tree_mask = TreeMask.of(ctx, bits, "cpu")
+    want = case.reference()
+    assert (want - causal).abs().amax() > 0.1  # the mask matters
+    k_cache, v_cache = case.stored_caches()
+    md, out = case.metadata, torch.full_like(case.q, float("nan"))
+    decode_attention(case.q, k_cache, v_cache, out, md.block_tables, md.seq_lens, md.query_start_loc, 8,
+                     case.scale, num_splits, config={"BLOCK_N": 16}, tree_mask=(md.tree_mask.ctx, md.tree_mask.bits))
+    torch.testing.assert_close(out.float(), want, **tolerance(dtype))

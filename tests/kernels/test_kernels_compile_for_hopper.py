@@ -36,13 +36,16 @@ SCRIPT = textwrap.dedent('''
     types = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16", "k_cache_ptr": cache,
              "v_cache_ptr": cache, "slot_ptr": "*i64", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32",
              "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "table_ptr": "*i32", "seq_lens_ptr": "*i32",
-             "qsl_ptr": "*i32", "qk_scale": "fp32"}
+             "qsl_ptr": "*i32", "qk_scale": "fp32", "ctx_ptr": "*i64", "bits_ptr": "*i64"}
     scaled = cache == "*fp8e4nv"
     attention = dict(GROUP=2, PAGE=16, BLOCK_N=64, BLOCK_D=128, PREC="tf32", SCALED=scaled)
     decode = decode_config(128, torch.bfloat16, torch.float8_e4m3fn if scaled else torch.bfloat16)
     launch = dict(num_warps=decode.pop("num_warps"), num_stages=decode.pop("num_stages"))
     for fn, constexprs in ((_store_kv_kernel, dict(BLOCK_H=8, BLOCK_D=128, SCALED=scaled, PDL=True)),
-                           (_decode_kernel, dict(attention, MAX_Q=8, BLOCK_M=16, SPLIT=True, PDL=True, **decode)),
+                           (_decode_kernel, dict(attention, MAX_Q=8, BLOCK_M=16, SPLIT=True, PDL=True, TREE=False,
+                                                 **decode)),
+                           (_decode_kernel, dict(attention, MAX_Q=8, BLOCK_M=16, SPLIT=True, PDL=True, TREE=True,
+                                                 **decode)),
                            (_prefill_kernel, dict(attention, BLOCK_M=64))):
         compiled = compile_sm90(fn, constexprs, types, **launch, launch_pdl=constexprs.get("PDL", False))
         assert compiled.asm["cubin"], fn.__name__
@@ -54,7 +57,8 @@ SCRIPT = textwrap.dedent('''
 def test_kernels_compile_for_sm90(cache: str) -> None:
     done = run_compiled(SCRIPT, cache)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["_store_kv_kernel", "ok", "_decode_kernel", "ok", "_prefill_kernel", "ok"]
+    assert done.stdout.split() == ["_store_kv_kernel", "ok", "_decode_kernel", "ok", "_decode_kernel", "ok",
+                                   "_prefill_kernel", "ok"]  # decode: causal, then with a tree mask
 
 
 FP8_GEMM_SCRIPT = textwrap.dedent('''
@@ -119,7 +123,7 @@ PDL_SCRIPT = textwrap.dedent('''
                  num_warps=4)
     ops_in_order("decode_attention", decode_attention._decode_kernel,
                  dict(GROUP=4, MAX_Q=1, PAGE=16, BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, SPLIT=True, PREC="tf32",
-                      SCALED=False, F16_DOT=False), types, num_warps=4, num_stages=3)
+                      SCALED=False, F16_DOT=False, TREE=False), types, num_warps=4, num_stages=3)
     ops_in_order("decode_reduce", decode_attention._reduce_kernel, dict(MAX_Q=1, BLOCK_S=64, BLOCK_D=128), types,
                  num_warps=4)
 ''')

@@ -33,3 +33,30 @@ def test_triton_backend_greedy_matches_hf(tmp_path: Path) -> None:
     assert [o.outputs[0].token_ids for o in first + rest] == expected
     llm.engine.check_integrity()
     assert llm.engine.get_stats().prefix_cache_hit_rate > 0
+
+
+def test_triton_backend_tree_drafts_are_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tree drafts of a draft model close to the target through the Triton kernels (the verify step's tree mask in
+    the decode kernel, the drafter's tree levels too): greedy tokens equal HF's, and some accepted path left the
+    main chain (its KV moved)."""
+    from lamina.spec.draft_tree import DraftTree
+    from tests.engine.test_spec_distribution import perturbed_copy
+    path = str(make_tiny_model("qwen3", tmp_path / "qwen3", hidden_size=128, num_attention_heads=2,
+                               num_key_value_heads=1, head_dim=64, num_hidden_layers=2, vocab_size=64))
+    draft = str(perturbed_copy(path, tmp_path / "draft"))
+    prompts = [[(7 * i + 3) % 64 for i in range(11)], [5, 17, 4, 9, 50]]
+    new = 12
+    hf = load_hf(path)
+    expected = [hf_greedy(hf, p, new) for p in prompts]
+    tree = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]
+    llm = LLM(model=path, skip_tokenizer_init=True, attention_backend="triton", device="cpu", block_size=16,
+              num_kv_blocks=32, speculative_config={"method": "draft_model", "model": draft,
+                                                    "speculative_token_tree": tree, "adaptive": False})
+    moved: list[bool] = []
+    original = DraftTree.moves
+    monkeypatch.setattr(DraftTree, "moves", lambda self, p: moved.append(bool(original(self, p))) or original(self, p))
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=new, ignore_eos=True), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == expected
+    llm.engine.check_integrity()
+    assert llm.engine.get_stats().spec.num_accepted_tokens > 0 and any(moved), moved
