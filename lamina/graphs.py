@@ -13,7 +13,9 @@ padding rows n..b-1 get one token each, right after them; the slots left over be
     block_tables    the batch's tables [:, :w]   0    (the null block)
     query_start_loc the batch's starts, then T+1, .., T+b-n   (q = 1: constant 0, 1, .., b)
 
-The attention metadata a graph sees has constant host fields (max_query_len=q, max_seq_len=max_model_len,
+A graph for tree drafts (q > 1) also carries TreeMask rows (lamina/attention/metadata.py): the batch's, or causal
+ones for a batch without a tree; padding tokens see key 0. The attention metadata a graph sees has constant host
+fields (max_query_len=q, max_seq_len=max_model_len,
 b rows), so the Triton backend routes and sizes its launches the same way at capture and at every replay
 (q <= 8: the decode kernel, which reads each row's length from query_start_loc); only device tensors change.
 Slots of no row are computed (garbage, row-wise independent) and never read. `EagerGraph` stands in for
@@ -29,7 +31,7 @@ from typing import Callable, Protocol
 import numpy as np
 import torch
 
-from lamina.attention.metadata import AttentionMetadata
+from lamina.attention.metadata import AttentionMetadata, TreeMask
 
 
 class FlatBatch(Protocol):
@@ -101,16 +103,19 @@ class StaticBuffers:
     query_start_loc: torch.Tensor  # [N + 1] int32 (q = 1: 0..N, constant)
     block_tables: torch.Tensor  # [N, max_blocks_per_seq] int32
     query_len: int = 1  # q: token slots per row
+    tree_rows: torch.Tensor | None = None  # [2, N * q] int64: TreeMask's ctx and bits (tree drafts), else None
 
     @classmethod
     def allocate(cls, max_rows: int, max_blocks_per_seq: int, device: torch.device,
-                 query_len: int = 1) -> StaticBuffers:
+                 query_len: int = 1, tree: bool = False) -> StaticBuffers:
         token_rows = torch.zeros(3, max_rows * query_len, dtype=torch.int64, device=device)
         token_rows[2].fill_(-1)
         i32 = dict(dtype=torch.int32, device=device)
+        tree_rows = torch.ones(2, max_rows * query_len, dtype=torch.int64, device=device) if tree else None
         return cls(token_rows=token_rows, seq_lens=torch.ones(max_rows, **i32),
                    query_start_loc=torch.arange(max_rows + 1, **i32),
-                   block_tables=torch.zeros(max_rows, max_blocks_per_seq, **i32), query_len=query_len)
+                   block_tables=torch.zeros(max_rows, max_blocks_per_seq, **i32), query_len=query_len,
+                   tree_rows=tree_rows)
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -149,6 +154,21 @@ class StaticBuffers:
         # Entries past the batch's width are stale but never read: a row stops at its seq_len
         # (padding rows at 1: key 0 of block 0).
         self.block_tables[:bucket, :tables.shape[1]].copy_(torch.from_numpy(tables), non_blocking=True)
+        if self.tree_rows is not None:
+            self._fill_tree(batch, bucket)
+
+    def _fill_tree(self, batch: FlatBatch, bucket: int) -> None:
+        """TreeMask rows: the batch's tree_mask (HostBatch's), or causal rows (one past each token's key)."""
+        rows, num_tokens = np.zeros((2, bucket * self.query_len), dtype=np.int64), len(batch.input_ids)
+        rows[0] = 1  # padding and leftover slots: key 0
+        tree = getattr(batch, "tree_mask", None)
+        if tree is not None:
+            rows[:, :num_tokens] = tree
+        else:
+            starts, lens = np.asarray(batch.query_start_loc), np.asarray(batch.seq_lens)
+            counts = np.diff(starts)
+            rows[0, :num_tokens] = np.repeat(lens - counts - starts[:-1], counts) + np.arange(num_tokens) + 1
+        self.tree_rows[:, :bucket * self.query_len].copy_(torch.from_numpy(rows), non_blocking=True)
 
     def metadata(self, bucket: int, max_model_len: int) -> AttentionMetadata:
         """Views of the first `bucket` rows, with host fields that are the same at every replay (the host query
@@ -159,7 +179,9 @@ class StaticBuffers:
             slot_mapping=self.slot_mapping[:bucket * q], query_start_loc=self.query_start_loc[:bucket + 1],
             seq_lens=self.seq_lens[:bucket], block_tables=self.block_tables[:bucket],
             max_query_len=q, max_seq_len=max_model_len,
-            query_start_loc_cpu=list(range(0, bucket * q + 1, q)), seq_lens_cpu=[max_model_len] * bucket)
+            query_start_loc_cpu=list(range(0, bucket * q + 1, q)), seq_lens_cpu=[max_model_len] * bucket,
+            tree_mask=None if self.tree_rows is None else TreeMask(self.tree_rows[0, :bucket * q],
+                                                                   self.tree_rows[1, :bucket * q], [], []))
 
 
 def graph_pool(graph_cls: type) -> object:

@@ -53,7 +53,9 @@ class CudaGraphRunner:
     """Captures the model's forward per (query length, bucket) and replays it for batches that fit."""
 
     def __init__(self, model: torch.nn.Module, max_batch_size: int, max_model_len: int, block_size: int,
-                 device: torch.device, graph_cls: type = TorchCUDAGraph, query_lens: tuple[int, ...] = (1,)) -> None:
+                 device: torch.device, graph_cls: type = TorchCUDAGraph, query_lens: tuple[int, ...] = (1,),
+                 tree: bool = False) -> None:
+        """`tree`: the verify graphs (q > 1) take tree drafts' masks (lamina/graphs.py)."""
         self.model = model
         self.logits_in_graph = getattr(getattr(model, "lm_head", None), "tp_size", 1) == 1  # no collective in it
         self.logits: torch.Tensor | None = None  # [LOGITS_IN_GRAPH_TOKENS, vocab], shared by the small buckets
@@ -62,7 +64,8 @@ class CudaGraphRunner:
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.device = device
         self.graph_cls = graph_cls
-        self.sets = {q: GraphSet(StaticBuffers.allocate(self.buckets[-1], self.max_blocks_per_seq, device, q))
+        self.sets = {q: GraphSet(StaticBuffers.allocate(self.buckets[-1], self.max_blocks_per_seq, device, q,
+                                                        tree and q > 1))
                      for q in sorted(set(query_lens))}
 
     @torch.inference_mode()
@@ -112,7 +115,9 @@ class CudaGraphRunner:
         if batch.num_seqs > self.buckets[-1] or len(batch.block_tables[0]) > self.max_blocks_per_seq:
             return None
         longest = 1 if batch.is_decode_only else batch.max_query_len  # the common case without a row walk
-        return next((s for q, s in self.sets.items() if q >= longest and s.graphs), None)
+        tree = batch.tree_mask is not None
+        return next((s for q, s in self.sets.items()
+                     if q >= longest and s.graphs and (not tree or s.buffers.tree_rows is not None)), None)
 
     def can_run(self, batch: HostBatch) -> bool:
         return self._set_for(batch) is not None

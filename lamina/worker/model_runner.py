@@ -267,7 +267,7 @@ class ModelRunner:
         """(hidden states of the rows in logits_indices, their logits when a captured graph computed them, else
         None). Batches of rows of at most q tokens (decode: 1, verify: 1 + k) replay a captured graph when there
         is one; the rest run eagerly. `ahead_ids` overwrite the input ids, `drafts` some of them."""
-        if self.graphs is not None and host.tree_mask is None and self.graphs.can_run(host):
+        if self.graphs is not None and self.graphs.can_run(host):
             # all rows, unless a one-token prompt chunk rides among the decodes (it samples nothing)
             hidden, logits = self.graphs.run(host, ahead_ids, drafts)
             rows = host.logits_indices

@@ -173,7 +173,7 @@ class Worker:
         spec = self.config.speculative_config
         query_lens = (1,) if spec is None else spec.verify_query_lens  # decode, verify
         graphs = CudaGraphRunner(self.model, max_batch, self.max_model_len, self.config.cache_config.block_size,
-                                 self.device, query_lens=query_lens)
+                                 self.device, query_lens=query_lens, tree=draft_tree(spec) is not None)
         start = time.perf_counter()
         graphs.capture_all()
         logger.info("CUDA graphs: %d buckets (1..%d) x query lengths %s captured in %.1f s", len(graphs.buckets),

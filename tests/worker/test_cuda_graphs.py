@@ -72,6 +72,23 @@ def test_fill_of_a_verify_graph_packs_tokens_then_one_token_per_padding_row() ->
     assert (md.max_query_len, md.num_seqs, md.slot_mapping.numel()) == (4, 4, 16)
 
 
+def test_fill_of_a_tree_graph_takes_the_mask_or_makes_causal_rows() -> None:
+    """q = 4 with TreeMask rows: a batch's own rows are copied; a batch without a tree gets one past each token's
+    key; padding tokens see key 0."""
+    buffers = StaticBuffers.allocate(4, 6, torch.device("cpu"), query_len=4, tree=True)
+    batch = HostBatch(input_ids=[1, 2, 3, 4, 5], positions=[9, 10, 10, 11, 4], slot_mapping=[0] * 5,
+                      query_start_loc=[0, 4, 5], seq_lens=[12, 5], block_tables=[[1], [2]], logits_indices=[],
+                      sampling_req_ids=[], tree_mask=([9, 10, 10, 10, 5], [0, 1, 2, 5, 0]))
+    buffers.fill(batch, bucket=4)
+    assert buffers.tree_rows[:, :16].tolist() == [[9, 10, 10, 10, 5] + [1] * 11, [0, 1, 2, 5, 0] + [0] * 11]
+    batch.tree_mask = None
+    buffers.fill(batch, bucket=4)
+    assert buffers.tree_rows[0, :7].tolist() == [9, 10, 11, 12, 5, 1, 1] and not buffers.tree_rows[1].any()
+    md = buffers.metadata(4, max_model_len=96)
+    assert md.tree_mask.ctx.data_ptr() == buffers.tree_rows[0].data_ptr()
+    assert StaticBuffers.allocate(4, 6, torch.device("cpu"), query_len=4).metadata(4, 96).tree_mask is None
+
+
 def test_fill_takes_numpy_arrays_as_it_takes_lists() -> None:
     """The EAGLE feed hands fill numpy arrays (lamina/spec/eagle_loop.py): the same buffers as from lists."""
     import numpy as np
@@ -166,29 +183,52 @@ def test_replayed_steps_with_one_token_prompt_chunks_equal_eager(model_dir: str)
     {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2,
      "adaptive": False},
     {"method": "early_exit", "num_speculative_tokens": 3, "exit_layer": 1, "adaptive": False},  # drafts on the device
-], ids=["ngram", "early_exit"])
-def test_replayed_verify_steps_equal_eager(model_dir: str, spec: dict) -> None:
+    {"method": "draft_model", "model": "DRAFT", "speculative_token_tree": [(0,), (1,), (2,)], "adaptive": False},
+], ids=["ngram", "early_exit", "tree"])
+def test_replayed_verify_steps_equal_eager(model_dir: str, spec: dict, tmp_path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """With drafts, steps of up to 1 + k tokens a row replay the verify graphs (q = 4) and give the eager
     tokens; plain decode steps still replay the q = 1 graphs. The worker's own drafts (early exit) reach the
-    graph's input ids on the device."""
+    graph's input ids on the device; a tree's mask reaches the graph's decode kernel (a draft model close to the
+    target, so that paths leave the main chain)."""
+    if spec.get("model") == "DRAFT":
+        from tests.engine.test_spec_distribution import perturbed_copy
+        spec = {**spec, "model": str(perturbed_copy(model_dir, tmp_path / "draft"))}
     prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [7, 8, 9, 10, 7, 8], [(5 * j) % 64 + 1 for j in range(11)]]
-    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (14, 9, 12)]
+    lengths = (40, 30, 36) if "speculative_token_tree" in spec else (14, 9, 12)  # trees: room for paths off-chain
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in lengths]
     inputs = [{"prompt_token_ids": p} for p in prompts]
     eager = _llm(model_dir, speculative_config=spec).generate(inputs, params, use_tqdm=False)
     llm = _llm(model_dir, speculative_config=spec)
     worker = llm.engine.executor.worker
     graphs = CudaGraphRunner(worker.model, 4, worker.max_model_len, 8, torch.device("cpu"), graph_cls=EagerGraph,
-                             query_lens=(1, 4))
+                             query_lens=(1, 4), tree="speculative_token_tree" in spec)
     graphs.capture_all()
     replayed: list[HostBatch] = []
     original_run = graphs.run
     graphs.run = lambda batch, ids=None, drafts=None: replayed.append(batch) or original_run(batch, ids, drafts)
     worker.runner.graphs = graphs
+    moves = _counting_tree_moves(monkeypatch)
     out = llm.generate(inputs, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in eager]
-    assert any(b.max_query_len > 1 for b in replayed) and any(b.max_query_len == 1 for b in replayed)
+    assert any(b.max_query_len > 1 for b in replayed)
     assert llm.engine.get_stats().spec.num_accepted_tokens > 0
+    if "speculative_token_tree" in spec:
+        assert any(b.tree_mask is not None and 1 in b.tree_mask[1] for b in replayed)  # node 0 of some tree
+        assert sum(moves) >= 2, moves  # accepted paths off the main chain: their rows saw only their ancestors
+    else:  # (a tree's requests draft to their last step here)
+        assert any(b.max_query_len == 1 for b in replayed)
     llm.engine.check_integrity()
+
+
+def _counting_tree_moves(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """One entry per verified tree: whether its accepted path left the main chain."""
+    from lamina.spec.draft_tree import DraftTree
+    seen: list[bool] = []
+    original = DraftTree.moves
+    monkeypatch.setattr(DraftTree, "moves", lambda self, path: seen.append(bool(original(self, path))) or
+                        original(self, path))
+    return seen
 
 
 def test_small_buckets_compute_their_logits_inside_the_graph(model_dir: str) -> None:
