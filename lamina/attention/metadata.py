@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,6 +33,7 @@ class TreeMask:
     bits: torch.Tensor  # [T] int64
     ctx_cpu: list[int]
     bits_cpu: list[int]
+    _dense: dict[tuple[int, int, int], torch.Tensor] = field(default_factory=dict)  # every layer asks the same
 
     @classmethod
     def of(cls, ctx: list[int], bits: list[int], device: torch.device | str) -> TreeMask:
@@ -40,7 +41,12 @@ class TreeMask:
         return cls(pair[0], pair[1], ctx, bits)
 
     def dense(self, start: int, end: int, num_keys: int) -> torch.Tensor:
-        """[end - start, num_keys] bool: what query tokens [start, end) see (True)."""
+        """[end - start, num_keys] bool: what query tokens [start, end) see (True); made once per forward."""
+        if (start, end, num_keys) not in self._dense:
+            self._dense[start, end, num_keys] = self._make_dense(start, end, num_keys)
+        return self._dense[start, end, num_keys]
+
+    def _make_dense(self, start: int, end: int, num_keys: int) -> torch.Tensor:
         keys = torch.arange(num_keys)
         ctx = torch.tensor(self.ctx_cpu[start:end])[:, None]
         rel = (keys[None, :] - ctx).clamp(0, 62)

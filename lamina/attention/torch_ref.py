@@ -121,7 +121,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     for i in range(metadata.num_seqs):
         start, end = starts[i], starts[i + 1]
         if end - start > 1 or tree is not None:
-            mask = None if tree is None else tree.dense(start, end, seq_lens[i]).to(q.device)
+            mask = None if tree is None else tree.dense(start, end, seq_lens[i]).to(q.device)  # a no-op on CPU
             out[start:end] = _prefill_one(q[start:end], k_cache, v_cache, metadata.block_tables[i],
                                           seq_lens[i], scale, kv_scales, mask)
     return out.to(q.dtype)
