@@ -6,6 +6,9 @@
                draft_j = argmax(lm_head(f_j))       the token at position N + j, j = 0 .. K - 1
 
 The LM head is the target's own (reused, not copied), so a head set is K x (hidden^2 + hidden) parameters.
+
+Medusa's tree (`tree`, lamina/spec/draft_tree.py): node (r_1, .., r_d) is the rank-r_d token of head d - 1,
+whatever its parent's token (the heads read the same h); the verify step then finds the path the target takes.
 W_j starts at zero: a fresh head repeats the base head's guess for N - 1 (a useless but valid draft).
 
 A head directory (`speculative_config.model`, written by `lamina distill --method medusa`) holds
@@ -31,6 +34,7 @@ from lamina.layers.dispatch import DEFAULT_KERNELS
 from lamina.layers.linear import DenseLinear
 from lamina.models.common import CausalLM
 from lamina.models.names import format_names
+from lamina.spec.draft_tree import DraftTree
 from lamina.spec.model_proposer import DraftRequest, Drafts
 
 __all__ = ["MedusaHeads", "MedusaProposer", "load_medusa_config", "CONFIG", "WEIGHTS"]
@@ -127,13 +131,15 @@ class MedusaProposer:
     Drafts are greedy (argmax), so they are one-hot proposals, exact under rejection sampling at any
     temperature; not sampled (lamina/spec/draft_sampling.py): the heads learn the target's greedy tokens, as
     EAGLE's head does (lamina/spec/eagle.py says what sampling cost there). A request gets min(num_drafts, K)
-    drafts. One `propose` call runs every needed head over every row: one matmul per head (per layer), one
-    `compute_logits` over the stacked rows, one argmax; the drafts stay on the device.
+    drafts, or with a `tree` its first min(num_drafts, nodes) nodes (the module docstring). One `propose` call runs
+    every needed head over every row: one matmul per head (per layer), one `compute_logits` over the stacked rows,
+    one argmax (a tree: one top-k and a gather); the drafts stay on the device.
     """
 
     uses_hidden = True  # its heads read the target's last hidden state
 
-    def __init__(self, model_dir: str, target: CausalLM, device: torch.device | str, dtype: torch.dtype) -> None:
+    def __init__(self, model_dir: str, target: CausalLM, device: torch.device | str, dtype: torch.dtype,
+                 tree: DraftTree | None = None) -> None:
         self.config = load_medusa_config(model_dir)
         arch = target.arch
         for key, theirs in (("hidden_size", arch.hidden_size), ("vocab_size", arch.vocab_size)):
@@ -143,17 +149,30 @@ class MedusaProposer:
         self.heads = load_heads(model_dir, self.config, device, dtype, target.kernels)
         self.target = target
         self.num_heads = self.heads.num_heads
+        if tree is not None and tree.depth > self.num_heads:
+            raise ValueError(f"speculative_token_tree: {tree.depth} deep, and the Medusa heads in {model_dir!r} draft "
+                             f"{self.num_heads} tokens ahead (one level a head)")
+        self.tree = tree
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest], hidden: torch.Tensor) -> Drafts:
-        """Up to min(num_drafts, K) greedy drafts per request; `hidden` [len(requests), hidden_size]."""
-        limits = [max(0, min(r.num_drafts, self.num_heads)) for r in requests]
-        num_heads = max(limits, default=0)
-        if num_heads == 0:
+        """Up to min(num_drafts, K) greedy drafts per request (a tree: its first nodes); `hidden` [len(requests),
+        hidden_size]."""
+        size = self.num_heads if self.tree is None else self.tree.size
+        limits = [max(0, min(r.num_drafts, size)) for r in requests]
+        most = max(limits, default=0)
+        if most == 0:
             return Drafts.empty(len(requests), hidden.device)
+        num_heads = most if self.tree is None else max(self.tree.depths[:most])
         features = self.heads(hidden, num_heads)  # [num_heads, rows, hidden]
         logits = self.target.compute_logits(features.reshape(-1, features.shape[-1]))
-        return Drafts.per_request(logits.argmax(dim=-1).view(num_heads, len(requests)).t(), limits)
+        logits = logits.view(num_heads, len(requests), -1)
+        if self.tree is None:
+            return Drafts.per_request(logits.argmax(dim=-1).t(), limits)
+        ranks = [path[-1] for path in self.tree.paths[:most]]
+        top = logits.topk(max(ranks) + 1, dim=-1).indices  # [num_heads, rows, ranks]
+        depth, rank = (torch.tensor(v, device=top.device) for v in (self.tree.depths[:most], ranks))
+        return Drafts.per_request(top[depth - 1, :, rank].t(), limits)  # node i: head depth - 1's rank-r token
 
     def forget(self, req_ids: Iterable[str]) -> None:
         """Medusa keeps nothing per request."""

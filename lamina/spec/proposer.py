@@ -66,7 +66,7 @@ def make_model_proposer(config: SpeculativeConfig, target: torch.nn.Module, arch
                                   draft_tree(config))
     if config.method == "medusa":
         from lamina.spec.medusa import MedusaProposer
-        return MedusaProposer(config.model, target, device, dtype)
+        return MedusaProposer(config.model, target, device, dtype, draft_tree(config))
     if config.method == "eagle":
         from lamina.spec.eagle import EagleProposer
         return EagleProposer(config.model, target, dtype, device, attention_backend)
