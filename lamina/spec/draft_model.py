@@ -48,7 +48,7 @@ from lamina.loader.hf_config import load_model_arch
 from lamina.loader.model_loader import load_model
 from lamina.spec.draft_loop import (CatchUp, DraftLoop, HostCopy, ModelNet, block_table, slot_mapping,
                                    stack_columns)
-from lamina.spec.draft_sampling import DraftKeys, DraftPicker, ranked
+from lamina.spec.draft_sampling import DraftKeys, DraftPicker, ranked, sampling_kernels
 from lamina.spec.draft_tree import DraftTree
 from lamina.spec.model_proposer import DraftRequest, Drafts
 
@@ -124,6 +124,7 @@ class DraftModelProposer:
         self.kv_caches: list[KVCache] = []
         self._fed: dict[str, _Fed] = {}
         self.tree = tree
+        self.sampling_kernels = sampling_kernels(self.device)  # tree drafts' first children (draft_sampling.ranked)
         self.loop: DraftLoop | None = None  # set by compile_and_capture
 
     def kv_bytes_per_block(self, block_size: int) -> int:
@@ -288,7 +289,8 @@ class DraftModelProposer:
             depths = [0 if node < 0 else tree.depths[node] for _, node in parents]
             at = [i for i, _ in parents]
             row_keys = [0] * len(parents) if keys is None else keys.keys[depths, at].tolist()
-            tokens = ranked(logits, [p[at].to(self.device) for p in params], row_keys, max(map(len, children)))
+            tokens = ranked(logits, [p[at].to(self.device) for p in params], row_keys, max(map(len, children)),
+                            self.sampling_kernels)
             for r, ((i, _), kids) in enumerate(zip(parents, children)):
                 drafts[i, kids] = tokens[r, :len(kids)]
             parents = [(i, c) for (i, _), kids in zip(parents, children) for c in kids if tree.children(c, limits[i])]

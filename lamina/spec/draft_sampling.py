@@ -24,7 +24,8 @@ layers); EAGLE's and Medusa's heads, trained on the target's greedy tokens, draf
 `DraftKeys` holds one propose call's rows on the host; `DraftPicker` draws eagerly; a DraftLoop draws inside its
 CUDA graph from static copies of the same (lamina/spec/draft_loop.py). Both go through `pick`. Tree drafts take a
 node's c children from `ranked`: the race's first c finishers (its winner, `pick`'s draft, then the runners-up: a
-sample of q without replacement, as Gumbel-top-k draws one), on the torch path.
+sample of q without replacement, as Gumbel-top-k draws one); with the sampling kernel (CUDA) the winner is the
+kernel's draw and the runners-up the torch race's order without it.
 """
 from __future__ import annotations
 
@@ -94,18 +95,29 @@ def pick(logits: torch.Tensor, params: Sequence[torch.Tensor], keys: torch.Tenso
     return tokens
 
 
-def ranked(logits: torch.Tensor, params: Sequence[torch.Tensor], keys: Sequence[int], count: int) -> torch.Tensor:
+def ranked(logits: torch.Tensor, params: Sequence[torch.Tensor], keys: Sequence[int], count: int,
+           kernels: ModuleType | None = None) -> torch.Tensor:
     """Each row's `count` drafts [n, count] from `logits` [n, V], best first: the argmax order for a row at
-    temperature 0, else the order in which the tokens of q finish its race (the first is `pick`'s draft on the
-    torch path). `params` as for `pick`, `keys` [n] on the host."""
+    temperature 0, else the order in which the tokens of q finish its race, the first being `pick`'s draft (with
+    `kernels`: the kernel's, then the torch race's order without it). `params` as for `pick`, `keys` [n] on the
+    host."""
     temperature = params[0]
     tokens = logits.topk(count, dim=-1).indices
     rows = [i for i, t in enumerate(temperature.tolist()) if t > 0]
-    if rows:
-        index = torch.tensor(rows, device=logits.device)
-        chosen = [p.index_select(0, index) for p in params]
-        scores = _race_scores(logits.index_select(0, index).float(), chosen, [keys[i] for i in rows])
+    if not rows:
+        return tokens
+    index = torch.tensor(rows, device=logits.device)
+    chosen = [p.index_select(0, index) for p in params]
+    sampled = logits.index_select(0, index)
+    scores = _race_scores(sampled.float(), chosen, [keys[i] for i in rows])
+    if kernels is None:
         tokens[index] = scores.topk(count, dim=-1).indices
+        return tokens
+    first = pick(sampled, chosen, torch.tensor([keys[i] for i in rows], device=logits.device), kernels)
+    order = scores.topk(count, dim=-1).indices
+    others = order != first[:, None]  # the race's order without the kernel's draw, in order
+    keep = torch.argsort((~others).to(torch.int8), dim=1, stable=True)[:, :count - 1]
+    tokens[index] = torch.cat([first[:, None], order.gather(1, keep)], dim=1)
     return tokens
 
 

@@ -70,6 +70,30 @@ def test_the_kernel_draws_what_the_sampler_kernel_draws_from_the_same_logits() -
     assert pick(logits, params, keys, sampling).tolist() == sample_with_kernel(sampling, logits, metadata).tolist()
 
 
+def test_ranked_drafts_are_the_race_order_led_by_picks_draft() -> None:
+    """A tree node's children: the argmax order at temperature 0, else the race's finishing order, led by `pick`'s
+    draft (the kernel's, then the torch race's order without it); distinct tokens in every row."""
+    from lamina.spec.draft_sampling import _race_scores, ranked
+    logits = torch.randn(len(PARAMS), 96) * 3
+    params, keys = draft_inputs(PARAMS)
+    torch_path = ranked(logits, params, keys.tolist(), 4)
+    assert torch_path[:, 0].tolist() == pick(logits, params, keys, None).tolist()
+    assert torch_path[1].tolist() == logits[1].topk(4).indices.tolist()  # temperature 0
+    sampled = [0, 2, 3, 4]  # the rows at temperature > 0
+    scores = _race_scores(logits[sampled].float(), [p[sampled] for p in params], keys[sampled].tolist())
+    race = dict(zip(sampled, scores.topk(5).indices.tolist()))
+    live = dict(zip(sampled, (scores > 0).sum(dim=-1).tolist()))  # past them, tokens top-p / min-p cut: ties at 0
+    assert all(torch_path[row].tolist()[:live[row]] == race[row][:min(4, live[row])] for row in sampled)
+    pytest.importorskip("triton")
+    from lamina.kernels import sampling
+    kernel_path = ranked(logits, params, keys.tolist(), 4, sampling)
+    assert kernel_path[:, 0].tolist() == pick(logits, params, keys, sampling).tolist()
+    for row in sampled:
+        first, n = kernel_path[row, 0].item(), min(3, live[row] - 1)
+        assert kernel_path[row, 1:1 + n].tolist() == [t for t in race[row] if t != first][:n]
+    assert all(len(set(row)) == 4 for row in kernel_path.tolist() + torch_path.tolist())
+
+
 def test_a_draft_is_a_sample_of_q_accepted_as_the_coupling_says() -> None:
     """Over 4,000 keys: the drafts follow q (chi-square), and they equal the target's samples with probability
     sum_t 1 / sum_u max(p_u / p_t, q_u / q_t), above p(argmax q), the acceptance of an argmax draft."""
