@@ -14,8 +14,9 @@ padding rows n..b-1 get one token each, right after them; the slots left over be
     query_start_loc the batch's starts, then T+1, .., T+b-n   (q = 1: constant 0, 1, .., b)
 
 A graph for tree drafts (q > 1) also carries TreeMask rows (lamina/attention/metadata.py): the batch's, or causal
-ones for a batch without a tree; padding tokens see key 0. The attention metadata a graph sees has constant host
-fields (max_query_len=q, max_seq_len=max_model_len,
+ones for a batch without a tree; padding tokens see key 0.
+
+The attention metadata a graph sees has constant host fields (max_query_len=q, max_seq_len=max_model_len,
 b rows), so the Triton backend routes and sizes its launches the same way at capture and at every replay
 (q <= 8: the decode kernel, which reads each row's length from query_start_loc); only device tensors change.
 Slots of no row are computed (garbage, row-wise independent) and never read. `EagerGraph` stands in for

@@ -13,7 +13,7 @@ One forward serves prefill, decode and mixed batches: a decode is simply q_i == 
 
 tree_mask (tree drafts, lamina/spec/draft_tree.py), in place of the causal rule: query token t sees the keys
 [0, ctx[t]) of its sequence and key ctx[t] + b for each bit b of bits[t] (b < 63); a causal token has
-ctx = its position + 1 and no bits.
+ctx = its own key's index + 1 and no bits.
 """
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ class TreeMask:
     bits: torch.Tensor  # [T] int64
     ctx_cpu: list[int]
     bits_cpu: list[int]
-    _dense: dict[tuple[int, int, int], torch.Tensor] = field(default_factory=dict)  # every layer asks the same
+    # (start, end, num_keys) -> `dense`'s mask: every layer of a forward asks for the same ones
+    _dense: dict[tuple[int, int, int], torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def of(cls, ctx: list[int], bits: list[int], device: torch.device | str) -> TreeMask:

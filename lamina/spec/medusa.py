@@ -6,10 +6,10 @@
                draft_j = argmax(lm_head(f_j))       the token at position N + j, j = 0 .. K - 1
 
 The LM head is the target's own (reused, not copied), so a head set is K x (hidden^2 + hidden) parameters.
+W_j starts at zero: a fresh head repeats the base head's guess for N - 1 (a useless but valid draft).
 
 Medusa's tree (`tree`, lamina/spec/draft_tree.py): node (r_1, .., r_d) is the rank-r_d token of head d - 1,
 whatever its parent's token (the heads read the same h); the verify step then finds the path the target takes.
-W_j starts at zero: a fresh head repeats the base head's guess for N - 1 (a useless but valid draft).
 
 A head directory (`speculative_config.model`, written by `lamina distill --method medusa`) holds
 config.json {"medusa_num_heads", "medusa_num_layers", "hidden_size", "vocab_size", "base_model", ...} and

@@ -6,16 +6,13 @@ is too seldom right to test, and a tiny random model's next token depends too li
 to show)."""
 from __future__ import annotations
 
-import shutil
 from collections import Counter
-from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file, save_file
 
 from lamina import DEMO_DRAFT, DEMO_EAGLE, DEMO_MODEL, LLM, SamplingParams
 from lamina.bench.sampling import chi2_critical
+from tests.helpers.spec_tree import perturbed_copy
 from tests.helpers.tiny_models import make_tiny_model
 
 VOCAB = 24
@@ -63,18 +60,6 @@ def two_sample_chi2(a: Counter, b: Counter, min_count: int = 10) -> tuple[float,
     if sum(rare):
         cells.append(tuple(rare))
     return sum((x - y) ** 2 / (x + y) for x, y in cells), len(cells) - 1
-
-
-def perturbed_copy(model_dir: str, out: Path) -> Path:
-    """The target with noise on every weight: a draft model close to it, not equal (about 60 % of its drafts
-    are accepted)."""
-    shutil.copytree(model_dir, out, dirs_exist_ok=True)
-    weights = out / "model.safetensors"
-    generator = torch.Generator().manual_seed(0)
-    tensors = {name: t + 0.15 * t.std() * torch.randn(t.shape, generator=generator) if t.numel() > 1 else t
-               for name, t in load_file(weights).items()}
-    save_file(tensors, weights)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,7 @@ from __future__ import annotations
 import pytest
 
 from lamina import LLM, SamplingParams
-from lamina.spec.draft_tree import DraftTree
-from tests.engine.test_spec_distribution import perturbed_copy
+from tests.helpers.spec_tree import count_off_chain, perturbed_copy
 from tests.engine.test_spec_methods import ENGINES, GREEDY, IDS, PROMPTS, _run, model_dir  # noqa: F401 (fixture)
 
 TREE = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (2,)]
@@ -27,17 +26,8 @@ def tree_spec(draft_dir: str, tree: list = TREE) -> dict:
 
 
 @pytest.fixture
-def off_chain(monkeypatch) -> list[int]:
-    """How many accepted paths left the main chain (DraftTree.moves had KV to move), one entry per verify."""
-    counts: list[int] = []
-    moves = DraftTree.moves
-
-    def counting(self: DraftTree, path: list[int]) -> list[tuple[int, int]]:
-        out = moves(self, path)
-        counts.append(bool(out))
-        return out
-    monkeypatch.setattr(DraftTree, "moves", counting)
-    return counts
+def off_chain(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    return count_off_chain(monkeypatch)
 
 
 @pytest.mark.parametrize("engine", ENGINES, ids=IDS)

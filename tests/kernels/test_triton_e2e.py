@@ -39,8 +39,7 @@ def test_triton_backend_tree_drafts_are_exact(tmp_path: Path, monkeypatch: pytes
     """Tree drafts of a draft model close to the target through the Triton kernels (the verify step's tree mask in
     the decode kernel, the drafter's tree levels too): greedy tokens equal HF's, and some accepted path left the
     main chain (its KV moved)."""
-    from lamina.spec.draft_tree import DraftTree
-    from tests.engine.test_spec_distribution import perturbed_copy
+    from tests.helpers.spec_tree import count_off_chain, perturbed_copy
     path = str(make_tiny_model("qwen3", tmp_path / "qwen3", hidden_size=128, num_attention_heads=2,
                                num_key_value_heads=1, head_dim=64, num_hidden_layers=2, vocab_size=64))
     draft = str(perturbed_copy(path, tmp_path / "draft"))
@@ -52,9 +51,7 @@ def test_triton_backend_tree_drafts_are_exact(tmp_path: Path, monkeypatch: pytes
     llm = LLM(model=path, skip_tokenizer_init=True, attention_backend="triton", device="cpu", block_size=16,
               num_kv_blocks=32, speculative_config={"method": "draft_model", "model": draft,
                                                     "speculative_token_tree": tree, "adaptive": False})
-    moved: list[bool] = []
-    original = DraftTree.moves
-    monkeypatch.setattr(DraftTree, "moves", lambda self, p: moved.append(bool(original(self, p))) or original(self, p))
+    moved = count_off_chain(monkeypatch)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(temperature=0, max_tokens=new, ignore_eos=True), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == expected

@@ -13,6 +13,7 @@ from lamina import LLM, SamplingParams
 from lamina.graphs import EagerGraph, StaticBuffers, bucket_for, graph_buckets
 from lamina.worker.cuda_graphs import CudaGraphRunner, graph_decision
 from lamina.worker.input_batch import HostBatch
+from tests.helpers.spec_tree import count_off_chain, perturbed_copy
 from tests.helpers.tiny_models import make_tiny_model
 
 CUDA = torch.device("cuda")  # a device object only: nothing is allocated on it
@@ -192,7 +193,6 @@ def test_replayed_verify_steps_equal_eager(model_dir: str, spec: dict, tmp_path,
     graph's input ids on the device; a tree's mask reaches the graph's decode kernel (a draft model close to the
     target, so that paths leave the main chain)."""
     if spec.get("model") == "DRAFT":
-        from tests.engine.test_spec_distribution import perturbed_copy
         spec = {**spec, "model": str(perturbed_copy(model_dir, tmp_path / "draft"))}
     prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [7, 8, 9, 10, 7, 8], [(5 * j) % 64 + 1 for j in range(11)]]
     lengths = (40, 30, 36) if "speculative_token_tree" in spec else (14, 9, 12)  # trees: room for paths off-chain
@@ -208,7 +208,7 @@ def test_replayed_verify_steps_equal_eager(model_dir: str, spec: dict, tmp_path,
     original_run = graphs.run
     graphs.run = lambda batch, ids=None, drafts=None: replayed.append(batch) or original_run(batch, ids, drafts)
     worker.runner.graphs = graphs
-    moves = _counting_tree_moves(monkeypatch)
+    moves = count_off_chain(monkeypatch)
     out = llm.generate(inputs, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in eager]
     assert any(b.max_query_len > 1 for b in replayed)
@@ -219,16 +219,6 @@ def test_replayed_verify_steps_equal_eager(model_dir: str, spec: dict, tmp_path,
     else:  # (a tree's requests draft to their last step here)
         assert any(b.max_query_len == 1 for b in replayed)
     llm.engine.check_integrity()
-
-
-def _counting_tree_moves(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """One entry per verified tree: whether its accepted path left the main chain."""
-    from lamina.spec.draft_tree import DraftTree
-    seen: list[bool] = []
-    original = DraftTree.moves
-    monkeypatch.setattr(DraftTree, "moves", lambda self, path: seen.append(bool(original(self, path))) or
-                        original(self, path))
-    return seen
 
 
 def test_small_buckets_compute_their_logits_inside_the_graph(model_dir: str) -> None:
