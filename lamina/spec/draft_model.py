@@ -20,10 +20,11 @@ the rows and the drafts stay on the device (the verify step reads them there; wh
 read back later, `_Fed.drafts`). Drafts are the argmax, or samples drawn with the noise of the rows that verify
 them (lamina/spec/draft_sampling.py); `hidden` is not used.
 
-Tree drafts (`tree`, lamina/spec/draft_tree.py; eager only): after the catch-up, level d feeds every node of depth d
-that has children, in one forward (node i in the slot of position N + i, at position N - 1 + d, seeing the context
-and its ancestors), and a node's c children are its c best drafts (`ranked`). The main chain's fed nodes sit in the
-slots of their positions, as a chain's drafts do; the cache is taken to hold those only.
+Tree drafts (`tree`, lamina/spec/draft_tree.py): after the catch-up, level d feeds every node of depth d that has
+children, in one forward (node i in the slot of position N + i, at position N - 1 + d, seeing the context and its
+ancestors), and a node's c children are its c best drafts (`ranked`: the chain's draft, then the argmax order);
+with graphs, the whole call is one replay (lamina/spec/tree_loop.py). The main chain's fed nodes sit in the slots
+of their positions, as a chain's drafts do; the cache is taken to hold those only.
 
 Positions: the draft model has RoPE for max_position_embeddings = M positions. A request drafts at most
 M - N + 1 tokens (its last fed position stays below M), none once N > M: a short-context draft model
@@ -51,6 +52,7 @@ from lamina.spec.draft_loop import (CatchUp, DraftLoop, HostCopy, ModelNet, bloc
 from lamina.spec.draft_sampling import DraftKeys, DraftPicker, ranked, sampling_kernels
 from lamina.spec.draft_tree import DraftTree
 from lamina.spec.model_proposer import DraftRequest, Drafts
+from lamina.spec.tree_loop import TreeLoop
 
 __all__ = ["DraftModelProposer"]
 
@@ -125,7 +127,7 @@ class DraftModelProposer:
         self._fed: dict[str, _Fed] = {}
         self.tree = tree
         self.sampling_kernels = sampling_kernels(self.device)  # tree drafts' first children (draft_sampling.ranked)
-        self.loop: DraftLoop | None = None  # set by compile_and_capture
+        self.loop: DraftLoop | TreeLoop | None = None  # set by compile_and_capture
 
     def kv_bytes_per_block(self, block_size: int) -> int:
         return kv_cache_bytes_per_block(self.arch, block_size, self.dtype)
@@ -138,15 +140,18 @@ class DraftModelProposer:
     def compile_and_capture(self, max_batch_size: int, max_model_len: int, num_drafts: int,
                             warm_up: Callable[[torch.nn.Module], None] | None, graph_cls: type | None = None) -> None:
         """Compile the draft's kernels (its eager forwards: prompts), then capture the propose call (catch-up +
-        k - 1 decode steps) per batch bucket (lamina/spec/draft_loop.py) when max_batch_size > 0."""
+        k - 1 decode steps, lamina/spec/draft_loop.py; or a tree's levels, tree_loop.py) per batch bucket when
+        max_batch_size > 0."""
         if warm_up is not None:  # within the draft's positions (RoPE tables end there)
             warm_up(self.model, max_model_len=min(max_model_len, self.arch.max_position_embeddings))
-        if max_batch_size == 0 or self.tree is not None:
+        if max_batch_size == 0:
             return
         kwargs = {} if graph_cls is None else {"graph_cls": graph_cls}
         max_len = min(max_model_len, self.arch.max_position_embeddings)
-        self.loop = DraftLoop(ModelNet(self.model), num_drafts, max_batch_size, max_len, self.block_size, self.device,
-                              **kwargs)
+        net = ModelNet(self.model)
+        self.loop = (DraftLoop(net, num_drafts, max_batch_size, max_len, self.block_size, self.device, **kwargs)
+                     if self.tree is None else
+                     TreeLoop(net, self.tree, max_batch_size, max_len, self.block_size, self.device, **kwargs))
         self.loop.capture_all()
 
     def forget(self, req_ids: Iterable[str]) -> None:
@@ -161,12 +166,10 @@ class DraftModelProposer:
         if not rows:
             return Drafts.empty(len(requests), self.device)
         table = block_table([r.request.block_ids for r in rows])
-        fed_drafts = [r.limit - 1 for r in rows]  # drafts whose KV is in place: a chain feeds all but its last
-        if self.tree is not None:
-            token_ids = self._propose_tree(rows, table)
-            fed_drafts = [self.tree.fed_chain(r.limit) for r in rows]
-        elif self.loop is not None and self.loop.fits(len(rows), table.shape[1], rows[0].limit):
+        if self.loop is not None and self.loop.fits(len(rows), table.shape[1], rows[0].limit):
             token_ids = self._propose_in_graph(rows, table)
+        elif self.tree is not None:
+            token_ids = self._propose_tree(rows, table)
         else:
             table_dev = torch.from_numpy(table).to(self.device, non_blocking=True)
             picker = DraftPicker(DraftKeys.of([r.request for r in rows], rows[0].limit), self.device)
@@ -176,8 +179,8 @@ class DraftModelProposer:
                 columns.append(picker(self._decode(rows[:count], j, columns[-1][:count], table, table_dev), j))
             token_ids = stack_columns(columns)
         fed = HostCopy(token_ids)
-        for i, row in enumerate(rows):
-            self._remember(row, fed, i, fed_drafts[i])
+        for i, row in enumerate(rows):  # the drafts whose KV is in place: a chain's all but its last
+            self._remember(row, fed, i, row.limit - 1 if self.tree is None else self.tree.fed_chain(row.limit))
         return Drafts.of_rows(token_ids, len(requests), [r.index for r in rows], [r.limit for r in rows])
 
     def _propose_in_graph(self, rows: list[_Row], table: np.ndarray) -> torch.Tensor:
@@ -288,9 +291,9 @@ class DraftModelProposer:
             children = [tree.children(node, limits[i]) for i, node in parents]
             depths = [0 if node < 0 else tree.depths[node] for _, node in parents]
             at = [i for i, _ in parents]
-            row_keys = [0] * len(parents) if keys is None else keys.keys[depths, at].tolist()
-            tokens = ranked(logits, [p[at].to(self.device) for p in params], row_keys, max(map(len, children)),
-                            self.sampling_kernels)
+            row_keys = torch.from_numpy(np.zeros(len(at), dtype=np.int64) if keys is None else keys.keys[depths, at])
+            tokens = ranked(logits, [p[at].to(self.device) for p in params], row_keys.to(self.device),
+                            max(map(len, children)), self.sampling_kernels)
             for r, ((i, _), kids) in enumerate(zip(parents, children)):
                 drafts[i, kids] = tokens[r, :len(kids)]
             parents = [(i, c) for (i, _), kids in zip(parents, children) for c in kids if tree.children(c, limits[i])]

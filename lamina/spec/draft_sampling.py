@@ -23,9 +23,7 @@ layers); EAGLE's and Medusa's heads, trained on the target's greedy tokens, draf
 
 `DraftKeys` holds one propose call's rows on the host; `DraftPicker` draws eagerly; a DraftLoop draws inside its
 CUDA graph from static copies of the same (lamina/spec/draft_loop.py). Both go through `pick`. Tree drafts take a
-node's c children from `ranked`: the race's first c finishers (its winner, `pick`'s draft, then the runners-up: a
-sample of q without replacement, as Gumbel-top-k draws one); with the sampling kernel (CUDA) the winner is the
-kernel's draw and the runners-up the torch race's order without it.
+node's c children from `ranked`: `pick`'s draft (the chain's draft there), then q's most likely tokens without it.
 """
 from __future__ import annotations
 
@@ -38,7 +36,7 @@ import torch
 
 from lamina.device import packed_to_device
 from lamina.layers.dispatch import kernel_module
-from lamina.layers.sampler import apply_min_p, apply_top_k_top_p, exponential_noise, uses_sampling_kernel
+from lamina.layers.sampler import apply_min_p, apply_top_k_top_p, exponential_race, uses_sampling_kernel
 from lamina.layers.sampling_metadata import seeded_keys
 from lamina.spec.model_proposer import DraftRequest
 
@@ -95,40 +93,21 @@ def pick(logits: torch.Tensor, params: Sequence[torch.Tensor], keys: torch.Tenso
     return tokens
 
 
-def ranked(logits: torch.Tensor, params: Sequence[torch.Tensor], keys: Sequence[int], count: int,
-           kernels: ModuleType | None = None) -> torch.Tensor:
-    """Each row's `count` drafts [n, count] from `logits` [n, V], best first: the argmax order for a row at
-    temperature 0, else the order in which the tokens of q finish its race, the first being `pick`'s draft (with
-    `kernels`: the kernel's, then the torch race's order without it). `params` as for `pick`, `keys` [n] on the
-    host."""
-    temperature = params[0]
-    tokens = logits.topk(count, dim=-1).indices
-    rows = [i for i, t in enumerate(temperature.tolist()) if t > 0]
-    if not rows:
-        return tokens
-    index = torch.tensor(rows, device=logits.device)
-    chosen = [p.index_select(0, index) for p in params]
-    sampled = logits.index_select(0, index)
-    scores = _race_scores(sampled.float(), chosen, [keys[i] for i in rows])
-    if kernels is None:
-        tokens[index] = scores.topk(count, dim=-1).indices
-        return tokens
-    first = pick(sampled, chosen, torch.tensor([keys[i] for i in rows], device=logits.device), kernels)
-    order = scores.topk(count, dim=-1).indices
-    others = order != first[:, None]  # the race's order without the kernel's draw, in order
-    keep = torch.argsort((~others).to(torch.int8), dim=1, stable=True)[:, :count - 1]
-    tokens[index] = torch.cat([first[:, None], order.gather(1, keep)], dim=1)
-    return tokens
+def ranked(logits: torch.Tensor, params: Sequence[torch.Tensor], keys: torch.Tensor, count: int,
+           kernels: ModuleType | None) -> torch.Tensor:
+    """Each row's `count` drafts [n, count] from `logits` [n, V], best first: `pick`'s draft (the argmax at
+    temperature 0), then the argmax order without it. Capturable where `pick` is (with `kernels`)."""
+    first = pick(logits, params, keys, kernels)
+    if count == 1:
+        return first[:, None]
+    order = logits.topk(count, dim=-1).indices
+    keep = torch.argsort((order == first[:, None]).to(torch.int8), dim=1, stable=True)[:, :count - 1]
+    return torch.cat([first[:, None], order.gather(1, keep)], dim=1)
 
 
 def _race(logits: torch.Tensor, params: list[torch.Tensor], keys: list[int]) -> torch.Tensor:
     """The sampler's torch path on q (lamina.layers.sampler.random_probs without top-k), each row's noise from a
     generator seeded as its verify row's (lamina/worker/model_runner.py's _seeded_generators)."""
-    return _race_scores(logits, params, keys).argmax(dim=-1)
-
-
-def _race_scores(logits: torch.Tensor, params: list[torch.Tensor], keys: list[int]) -> torch.Tensor:
-    """q / E of `_race` [n, V]: the largest wins (exponential_race's scores)."""
     temperature, top_p, min_p = params
     x = logits / temperature.unsqueeze(1)
     if bool((top_p < 1).any()):
@@ -137,7 +116,7 @@ def _race_scores(logits: torch.Tensor, params: list[torch.Tensor], keys: list[in
     if bool((min_p > 0).any()):
         probs = apply_min_p(probs, min_p)
     generators = {row: torch.Generator(logits.device).manual_seed(key % 2**64) for row, key in enumerate(keys)}
-    return probs / exponential_noise(probs, generators, None).clamp_(min=torch.finfo(torch.float32).tiny)
+    return exponential_race(probs, generators, None)
 
 
 class DraftPicker:

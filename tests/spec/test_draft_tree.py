@@ -14,7 +14,8 @@ from lamina.config import SpeculativeConfig
 from lamina.layers.sampling_metadata import seeded_keys
 from lamina.spec.draft_tree import DraftTree
 from lamina.spec.model_proposer import DraftRequest
-from tests.spec.test_draft_model import Blocks, dirs, hf_draft, make_proposer, prompts  # noqa: F401 (fixtures)
+from tests.spec.test_draft_model import (BLOCK_SIZE, SENTINEL, Blocks, dirs, hf_draft, make_proposer,  # noqa: F401
+                                         prompts)
 
 PATHS = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (2,)]
 TREE = DraftTree.of(PATHS)
@@ -77,8 +78,9 @@ def _hf_logits(hf: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
 
 
 def _oracle_children(hf: torch.nn.Module, request: DraftRequest, drafts: list[int], m: int) -> dict[int, list[int]]:
-    """node (-1: root) -> its children's tokens as HF ranks them: the top logits, or the race with the key of the
-    token after the node (seeded_keys of the request's seed and that index) at the request's temperature."""
+    """node (-1: root) -> its children's tokens as HF ranks them: the top logits; at temperature, the race's winner
+    with the key of the token after the node (seeded_keys of the request's seed and that index), then the top
+    logits without it."""
     out = {}
     for node in [-1, *range(m)]:
         kids = TREE.children(node, m)
@@ -86,36 +88,78 @@ def _oracle_children(hf: torch.nn.Module, request: DraftRequest, drafts: list[in
             continue
         path = [] if node < 0 else [drafts[a] for a in TREE.ancestors(node)]
         logits = _hf_logits(hf, list(request.token_ids) + path)
+        top = logits.topk(len(kids) + 1).indices.tolist()
         if request.temperature == 0:
-            out[node] = logits.topk(len(kids)).indices.tolist()
+            out[node] = top[:len(kids)]
             continue
-        index = len(request.token_ids) + len(path)
-        key = int(seeded_keys([request.seed], [index])[0])
+        key = int(seeded_keys([request.seed], [len(request.token_ids) + len(path)])[0])
         probs = (logits / request.temperature).softmax(-1)
         noise = -torch.rand(probs.shape, generator=torch.Generator().manual_seed(key % 2**64)).neg().log1p()
-        out[node] = (probs / noise.clamp(min=torch.finfo(torch.float32).tiny)).topk(len(kids)).indices.tolist()
+        first = int((probs / noise.clamp(min=torch.finfo(torch.float32).tiny)).argmax())
+        out[node] = [first] + [t for t in top if t != first][:len(kids) - 1]
     return out
+
+
+def _rounds(proposer, hf: torch.nn.Module, temperature: float, limits: dict[str, int]) -> None:  # noqa: ANN001
+    """Three rounds of drafts checked against the oracle, each appending a random walk through the tree (often off
+    the main chain: stale draft KV) and one more token; the draft cache is written only at the slots of positions
+    [0, N - 1 + num_drafts) of some round (the blocks a request was given)."""
+    for k_cache, v_cache in proposer.kv_caches:
+        k_cache.fill_(SENTINEL)
+        v_cache.fill_(SENTINEL)
+    blocks, rng, allowed = Blocks(), random.Random(0), set()
+    seqs = prompts([5, 9, 3, 6][:len(limits)])
+    for _ in range(3):
+        reqs = [DraftRequest(rid, list(tokens), blocks.cover(rid, len(tokens) - 1 + limits[rid]), limits[rid],
+                             seed=11 if temperature else None, temperature=temperature)
+                for rid, tokens in seqs.items()]
+        drafts = proposer.propose(reqs, torch.zeros(len(reqs), 8)).tolist()
+        for request, got in zip(reqs, drafts):
+            m = request.num_drafts
+            allowed |= {request.block_ids[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE
+                        for p in range(len(request.token_ids) - 1 + m)}
+            assert len(got) == m
+            for node, tokens in _oracle_children(hf, request, got, m).items():
+                assert [got[c] for c in TREE.children(node, m)] == tokens, (request.req_id, node)
+            node, walk = rng.choice(TREE.children(-1, m)), []
+            while node is not None:
+                walk.append(got[node])
+                node = rng.choice(TREE.children(node, m) or [None])
+            seqs[request.req_id] = list(request.token_ids) + walk + [rng.randrange(3, 256)]
+    for cache in (c for pair in proposer.kv_caches for c in pair):
+        outside = torch.ones(cache.shape[0] * cache.shape[1], dtype=torch.bool)
+        outside[sorted(allowed)] = False
+        assert bool((cache.flatten(0, 1)[outside] == SENTINEL).all())
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_tree_drafts_are_the_draft_models_ranked_tokens(dirs, hf_draft, temperature: float) -> None:  # noqa: F811
     proposer = make_proposer(dirs)
     proposer.tree = TREE
-    blocks, rng = Blocks(), random.Random(0)
-    seqs = prompts([5, 9, 3])
-    limits = {"r0": 7, "r1": 4, "r2": 6}
-    for _ in range(3):  # rounds: each appends a random walk through the tree and one more token
-        reqs = [DraftRequest(rid, list(tokens), blocks.cover(rid, len(tokens) - 1 + limits[rid]), limits[rid],
-                             seed=11 if temperature else None, temperature=temperature)
-                for rid, tokens in seqs.items()]
-        drafts = proposer.propose(reqs, torch.zeros(3, 8)).tolist()
-        for request, got in zip(reqs, drafts):
-            m = request.num_drafts
-            assert len(got) == m
-            for node, tokens in _oracle_children(hf_draft, request, got, m).items():
-                assert [got[c] for c in TREE.children(node, m)] == tokens, (request.req_id, node)
-            node, walk = rng.choice(TREE.children(-1, m)), []
-            while node is not None:  # a random path, often off the main chain
-                walk.append(got[node])
-                node = rng.choice(TREE.children(node, m) or [None])
-            seqs[request.req_id] = list(request.token_ids) + walk + [rng.randrange(3, 256)]
+    _rounds(proposer, hf_draft, temperature, {"r0": 7, "r1": 4, "r2": 6})
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_captured_tree_loop_drafts_what_hf_does(dirs, temperature: float) -> None:  # noqa: F811
+    """compile_and_capture with a tree (EagerGraph on CPU, the Triton kernels under the interpreter, TreeMask rows in
+    the decode kernel): one replay drafts what the oracle ranks, in a bucket with a padding row, for rows whose
+    limits stop inside the tree (their nodes past it store nothing)."""
+    import tests.kernels.conftest  # noqa: F401 - TRITON_INTERPRET=1 and the interpreter fixes
+    from lamina.graphs import EagerGraph
+    from lamina.loader.hf_config import load_model_arch
+    from lamina.spec.draft_model import DraftModelProposer
+    from lamina.spec.tree_loop import TreeLoop
+    from tests.helpers.hf_oracle import load_hf
+    from tests.spec.test_draft_model import NUM_BLOCKS
+    target = load_model_arch(str(dirs["target"]))
+    proposer = DraftModelProposer(str(dirs["head32"]), target, torch.float32, torch.device("cpu"), "triton",
+                                  tree=TREE)
+    proposer.bind_cache(NUM_BLOCKS, BLOCK_SIZE)
+    proposer.compile_and_capture(max_batch_size=4, max_model_len=64, num_drafts=TREE.size, warm_up=None,
+                                 graph_cls=EagerGraph)
+    assert isinstance(proposer.loop, TreeLoop)
+    replays = []
+    run = proposer.loop.run
+    proposer.loop.run = lambda *a, **k: replays.append(1) or run(*a, **k)
+    _rounds(proposer, load_hf(str(dirs["head32"])), temperature, {"r0": 7, "r1": 4, "r2": 6})
+    assert len(replays) == 3
