@@ -6,7 +6,11 @@ The demo model on the bench's 24 prompts, three ways per engine: seeded at T = 0
 Engines: no speculation; the demo model as its own draft model (drafts drawn inside the drafting CUDA graph by the
 sampling kernel with the verify rows' keys: at temperature nearly every draft is the verify row's own sample, so
 acceptance near 1 shows the keys and the kernel's noise line up; bf16 rounding between the two forwards may flip
-a few); the demo draft model; EAGLE (argmax drafts). For each: acceptance, and how many seeded and greedy outputs
+a few); the demo draft model; EAGLE (argmax drafts); tree drafts (lamina.bench.spec.BENCH_TREE: the draft model's
+tree drafting in its captured tree loop, the verify graphs with TreeMask rows) of the demo model for itself, of the
+demo draft model and of the Medusa heads (a tree's acceptance counts its nodes: the demo model's tree for itself
+should accept its whole main chain, 3 of the 7 nodes a step, on the CPU 0.53 with 12 tokens, where max_tokens cuts
+the last steps' trees). For each: acceptance, and how many seeded and greedy outputs
 equal the engine without speculation (verify rows compute over 1 + k tokens where plain steps compute over one, so bf16
 rounding may part a few texts on a GPU: the first differing index is listed). Prints one JSON line per engine.
 """
@@ -19,14 +23,20 @@ import time
 
 import torch
 
-from lamina import DEMO_DRAFT, DEMO_EAGLE, DEMO_MODEL, LLM, SamplingParams
-from lamina.bench.spec import PROMPT_SETS
+from lamina import DEMO_DRAFT, DEMO_EAGLE, DEMO_MEDUSA, DEMO_MODEL, LLM, SamplingParams
+from lamina.bench.spec import BENCH_TREE, PROMPT_SETS
 
 SPECS = {"off": None,
          "self": {"method": "draft_model", "model": DEMO_MODEL, "num_speculative_tokens": 3, "adaptive": False},
          "draft_model": {"method": "draft_model", "model": DEMO_DRAFT, "num_speculative_tokens": 3,
                          "adaptive": False},
-         "eagle": {"method": "eagle", "model": DEMO_EAGLE, "num_speculative_tokens": 3, "adaptive": False}}
+         "eagle": {"method": "eagle", "model": DEMO_EAGLE, "num_speculative_tokens": 3, "adaptive": False},
+         "self_tree": {"method": "draft_model", "model": DEMO_MODEL, "speculative_token_tree": BENCH_TREE,
+                       "adaptive": False},
+         "draft_model_tree": {"method": "draft_model", "model": DEMO_DRAFT, "speculative_token_tree": BENCH_TREE,
+                              "adaptive": False},
+         "medusa_tree": {"method": "medusa", "model": DEMO_MEDUSA, "speculative_token_tree": BENCH_TREE,
+                         "adaptive": False}}
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -57,7 +67,8 @@ def run_engine(spec: dict | None, workloads: dict[str, list[SamplingParams]], pr
     llm.engine.check_integrity()
     del llm
     gc.collect()
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return row
 
 
