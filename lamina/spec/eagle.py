@@ -27,6 +27,11 @@ drawn from it with the verify rows' noise, the demo head's first drafts at T = 0
 its argmax (0.592 / 0.427 / 0.486 against 0.607 / 0.458 / 0.465 on code / chat / prose). With CUDA graphs
 (compile_and_capture) a call is one replay: the catch-up and the k - 1 steps in one graph
 (lamina/spec/eagle_loop.py); a catch-up longer than the graph's rows is fed eagerly first.
+
+Tree drafts (`tree`, lamina/spec/draft_tree.py; eagerly, like a static EAGLE tree): after the catch-up, level d
+feeds every node of depth d that has children, (its draft, its parent's y) at head position N - 2 + d in the slot
+of N - 1 + i, seeing head positions [0, N - 1) and its ancestors (TreeMask rows); a node's c children are the top c
+of its logits. Draft positions are fed again by the next catch-up, as a chain's are.
 """
 from __future__ import annotations
 
@@ -38,7 +43,7 @@ import torch
 from safetensors.torch import load_file
 
 from lamina.attention.backends import get_attention_backend
-from lamina.attention.metadata import AttentionMetadata, get_attention_metadata, set_attention_metadata
+from lamina.attention.metadata import AttentionMetadata, TreeMask, get_attention_metadata, set_attention_metadata
 from lamina.config import KernelChoice
 from lamina.device import packed_to_device
 from lamina.kv.cache import KVCache, allocate_kv_caches, bind_kv_caches, kv_cache_bytes_per_block
@@ -48,6 +53,7 @@ from lamina.models.names import format_names
 from lamina.spec.eagle_head import FIELD, WEIGHTS, EagleHead, read_head_config
 from lamina.spec.draft_loop import block_table, slot_mapping, stack_columns
 from lamina.spec.eagle_loop import CatchUpRow, EagleLoops, catch_up_batch
+from lamina.spec.draft_tree import DraftTree
 from lamina.spec.model_proposer import DraftRequest, Drafts
 
 __all__ = ["EagleProposer", "load_head"]
@@ -91,7 +97,7 @@ class EagleProposer:
     uses_hidden = False  # propose does not read `hidden`
 
     def __init__(self, model_dir: str, target: CausalLM, dtype: torch.dtype, device: torch.device | str,
-                 attention_backend: str = "auto") -> None:
+                 attention_backend: str = "auto", tree: DraftTree | None = None) -> None:
         cfg, raw = read_head_config(model_dir)
         arch = target.arch
         for key, theirs in (("hidden_size", arch.hidden_size), ("vocab_size", arch.vocab_size)):
@@ -113,6 +119,7 @@ class EagleProposer:
         self.features = torch.empty(0, cfg.hidden_size, dtype=dtype, device=self.device)  # [slots, H], bind_cache
         self._fed: dict[str, int] = {}  # req id -> head positions [0, fed) hold verified tokens
         self.loops: EagleLoops | None = None  # set by compile_and_capture
+        self.tree = tree
 
     def kv_bytes_per_block(self, block_size: int) -> int:
         """The head's K/V and the stored features of one block's tokens."""
@@ -132,7 +139,7 @@ class EagleProposer:
                             warm_up: Callable[[torch.nn.Module], None] | None, graph_cls: type | None = None) -> None:
         """With graphs (max_batch_size > 0) capture the call (lamina/spec/eagle_loop.py); else it runs eagerly:
         one catch-up forward and k - 1 one-token steps."""
-        if max_batch_size == 0:
+        if max_batch_size == 0 or self.tree is not None:  # trees: eagerly
             return
         kwargs = {} if graph_cls is None else {"graph_cls": graph_cls}
         max_len = min(max_model_len, self.cfg.max_position_embeddings)
@@ -153,7 +160,9 @@ class EagleProposer:
         rows = self._plan(requests)
         if not rows:
             return Drafts.empty(len(requests), self.device)
-        if self.loops is not None and self.loops.fits(len(rows), max(len(r.block_ids) for r in rows)):
+        if self.tree is not None:
+            token_ids = self._propose_tree(rows)
+        elif self.loops is not None and self.loops.fits(len(rows), max(len(r.block_ids) for r in rows)):
             token_ids = self._propose_in_graph(rows)
         else:
             rows = sorted(rows, key=lambda r: -r.limit)  # the rows of eager step j are a prefix
@@ -200,6 +209,44 @@ class EagleProposer:
             columns.append(token)
         return stack_columns(columns)
 
+    def _propose_tree(self, rows: list[CatchUpRow]) -> torch.Tensor:
+        """Each row's first `limit` nodes of the tree (module docstring): drafts [len(rows), max limit]."""
+        tree, limits = self.tree, [r.limit for r in rows]
+        normed, y = self._catch_up(rows)
+        (last,) = packed_to_device([np.cumsum([r.count for r in rows]) - 1], np.int64, self.device)
+        logits, carry = self.target.compute_logits(normed.index_select(0, last)), y.index_select(0, last)
+        drafts = torch.zeros((len(rows), max(limits)), dtype=torch.int64, device=self.device)
+        parents = [(i, -1) for i in range(len(rows))]  # (row, node) of each row of `logits` / `carry`
+        while True:
+            kids = [tree.children(node, limits[i]) for i, node in parents]
+            top = logits.topk(max(map(len, kids)), dim=-1).indices
+            for r, ((i, _), k) in enumerate(zip(parents, kids)):
+                drafts[i, k] = top[r, :len(k)]
+            fed = [(r, i, c) for r, ((i, _), k) in enumerate(zip(parents, kids)) for c in k
+                   if tree.children(c, limits[i])]
+            if not fed:
+                return drafts
+            logits, carry = self._tree_level(rows, fed, drafts, carry)
+            parents = [(i, c) for _, i, c in fed]
+
+    def _tree_level(self, rows: list[CatchUpRow], fed: list[tuple[int, int, int]], drafts: torch.Tensor,
+                    carry: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed the tree nodes `fed` [(parent's row of `carry`, row, node)], grouped by row: (logits, y) of each."""
+        tree, order = self.tree, list(dict.fromkeys(i for _, i, _ in fed))
+        counts = [sum(i == o for _, i, _ in fed) for o in order]
+        base = [rows[i].base for _, i, _ in fed]
+        table = block_table([rows[i].block_ids for i in order])
+        keys = np.array([b + 1 + c for b, (_, _, c) in zip(base, fed)], dtype=np.int64)
+        slots = slot_mapping(table, np.repeat(np.arange(len(order)), counts), keys, self.block_size)
+        positions = np.array([b + tree.depths[c] for b, (_, _, c) in zip(base, fed)], dtype=np.int64)
+        seq_lens = np.array([rows[o].base + 2 + max(c for _, i, c in fed if i == o) for o in order])
+        pos_dev, slot_dev, parent = packed_to_device([positions, slots, np.array([r for r, _, _ in fed])], np.int64,
+                                                     self.device)
+        mask = TreeMask.of([b + 1 for b in base], [tree.ancestor_bits(c) for _, _, c in fed], self.device)
+        normed, y = self._forward(drafts[[i for _, i, _ in fed], [c for _, _, c in fed]], carry.index_select(0, parent),
+                                  pos_dev, slot_dev, np.concatenate(([0], np.cumsum(counts))), seq_lens, table, mask)
+        return self.target.compute_logits(normed), y
+
     def _catch_up(self, rows: list[CatchUpRow]) -> tuple[torch.Tensor, torch.Tensor]:
         """One flat forward over head positions [start, start + count) of every row: (normed, y) [sum(count), H]."""
         batch, _ = catch_up_batch(rows, self.block_size)
@@ -219,12 +266,13 @@ class EagleProposer:
         return self.target.compute_logits(normed).argmax(dim=-1), y
 
     def _forward(self, ids: torch.Tensor, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                 query_start: np.ndarray, seq_lens: np.ndarray, table: np.ndarray) -> tuple[torch.Tensor, ...]:
+                 query_start: np.ndarray, seq_lens: np.ndarray, table: np.ndarray,
+                 tree_mask: TreeMask | None = None) -> tuple[torch.Tensor, ...]:
         starts, lens, table_dev = packed_to_device([query_start.astype(np.int32), seq_lens.astype(np.int32),
                                                     table.ravel()], np.int32, self.device)
         metadata = AttentionMetadata(
             slot_mapping=slots, query_start_loc=starts, seq_lens=lens, block_tables=table_dev.view(table.shape),
             max_query_len=int(np.diff(query_start).max()), max_seq_len=int(seq_lens.max()),
-            query_start_loc_cpu=query_start.tolist(), seq_lens_cpu=seq_lens.tolist())
+            query_start_loc_cpu=query_start.tolist(), seq_lens_cpu=seq_lens.tolist(), tree_mask=tree_mask)
         with set_attention_metadata(metadata):
             return self.head(self.target.model.embed_tokens(ids), x, positions)

@@ -69,7 +69,7 @@ def make_model_proposer(config: SpeculativeConfig, target: torch.nn.Module, arch
         return MedusaProposer(config.model, target, device, dtype, draft_tree(config))
     if config.method == "eagle":
         from lamina.spec.eagle import EagleProposer
-        return EagleProposer(config.model, target, dtype, device, attention_backend)
+        return EagleProposer(config.model, target, dtype, device, attention_backend, draft_tree(config))
     if config.method == "early_exit":
         from lamina.spec.early_exit import EarlyExitProposer
         return EarlyExitProposer(target, config.exit_layer, block_size)

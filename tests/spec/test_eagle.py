@@ -280,3 +280,47 @@ def test_replayed_target_steps_store_what_eager_steps_do(target_dir: Path, tmp_p
 
     eager, replayed = run(False), run(True)
     assert replayed == eager and sum(len(d) for call in eager[1] for d in call) > 20
+
+
+def _reference_children(proposer: EagleProposer, feats: torch.Tensor, tokens: list[int], path: list[int],
+                        count: int) -> list[int]:
+    """The unrolled head's top `count` tokens after verified `tokens` and then the drafts `path`."""
+    n = len(tokens)
+    step_tokens = [torch.tensor([tokens[1:n]])]
+    for token in path:
+        step_tokens.append(torch.zeros(1, n - 1, dtype=torch.long))
+        step_tokens[-1][0, -1] = token
+    outs = unroll(proposer.head, proposer.target.model.embed_tokens, feats[None, :n - 1], step_tokens)
+    return proposer.target.compute_logits(outs[-1][0, -1:])[0].topk(count).indices.tolist()
+
+
+def test_tree_drafts_equal_the_unrolled_head_along_each_path(target_dir: Path, target: CausalLM,
+                                                             tmp_path: Path) -> None:
+    """A static tree (speculative_token_tree): each node's children are the unrolled head's top tokens after the
+    node's own path (its draft fed with its parent's y; siblings unseen), for the whole tree and for its first 4
+    nodes; a second call after a verify step that accepted a path off the main chain catches up as a chain's does."""
+    from lamina.spec.draft_tree import DraftTree
+    tree = DraftTree.of([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
+    tokens = [5, 9, 1, 44]  # a short context: a node that saw a sibling's key would draft otherwise
+    proposer = _proposer(target_dir, target, tmp_path, 16)
+    proposer.tree = tree
+    layers = list(proposer.cfg.aux_hidden_state_layers)
+    blocks = [3, 7, 1]
+    compute(target, tokens, blocks, 0, 3)
+    feats = _hf_features(target_dir, tokens, layers)
+    for m in (7, 4):
+        got = proposer.propose([DraftRequest("r", tokens, blocks, m)], torch.zeros(1, 1)).tolist()[0]
+        assert len(got) == m
+        for node in [-1, *range(m)]:
+            kids = tree.children(node, m)
+            path = [] if node < 0 else [got[a] for a in tree.ancestors(node)]
+            if kids:
+                assert [got[c] for c in kids] == _reference_children(proposer, feats, tokens, path, len(kids)), node
+    # the verify step computed the root and the nodes; the target took node 3 ((1,)), then a token of its own
+    compute(target, tokens + got, blocks, 3, 1 + m)
+    longer = tokens + [got[3], 17]
+    compute(target, longer, blocks, 4, 1)  # node 3's KV moved into place: here, computed there again
+    feats = _hf_features(target_dir, longer, layers)
+    again = proposer.propose([DraftRequest("r", longer, blocks, 4)], torch.zeros(1, 1)).tolist()[0]
+    assert [again[c] for c in tree.children(-1, 4)] == _reference_children(proposer, feats, longer, [], 2)
+    assert again[1] == _reference_children(proposer, feats, longer, [again[0]], 1)[0]
