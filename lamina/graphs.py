@@ -201,6 +201,17 @@ def capture(fn: Callable[[], torch.Tensor], graph_cls: type, pool: object,
     return graph, output
 
 
+def capture_buckets(fn_for: Callable[[int], Callable[[], torch.Tensor]], buckets: Sequence[int], graph_cls: type,
+                    device: torch.device) -> tuple[dict[int, Graph], dict[int, torch.Tensor]]:
+    """`capture` of fn_for(bucket) for every bucket, largest first, in one memory pool: (graphs, outputs) by
+    bucket."""
+    pool = graph_pool(graph_cls)
+    graphs, outputs = {}, {}
+    for bucket in reversed(buckets):
+        graphs[bucket], outputs[bucket] = capture(fn_for(bucket), graph_cls, pool, device)
+    return graphs, outputs
+
+
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -38,8 +38,7 @@ import torch
 
 from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
 from lamina.device import to_host_async
-from lamina.graphs import (FlatBatch, Graph, StaticBuffers, TorchCUDAGraph, bucket_for, capture, graph_buckets,
-                           graph_pool)
+from lamina.graphs import FlatBatch, Graph, StaticBuffers, TorchCUDAGraph, bucket_for, capture_buckets, graph_buckets
 from lamina.spec.draft_sampling import DraftKeys, pick, sampling_kernels
 
 logger = logging.getLogger(__name__)
@@ -183,10 +182,7 @@ class DraftLoop:
 
     @torch.inference_mode()
     def capture_all(self) -> None:
-        pool = graph_pool(self.graph_cls)
-        for bucket in reversed(self.buckets):
-            self.graphs[bucket], self.outputs[bucket] = capture(self._loop_fn(bucket), self.graph_cls, pool,
-                                                                self.device)
+        self.graphs, self.outputs = capture_buckets(self._loop_fn, self.buckets, self.graph_cls, self.device)
         logger.info("draft loop: %d CUDA graphs (k=%d) for up to %d sequences", len(self.buckets), self.k,
                     self.buckets[-1])
 

@@ -287,35 +287,29 @@ class DraftModelProposer:
         drafts = torch.zeros((len(rows), max(limits)), dtype=torch.int64, device=self.device)
         logits = self._catch_up(rows, table, torch.from_numpy(table).to(self.device, non_blocking=True))
         parents = [(i, -1) for i in range(len(rows))]  # (row, node) of each row of `logits`; -1: the root
-        while parents:
-            children = [tree.children(node, limits[i]) for i, node in parents]
+        while True:
+            kids, fed = tree.expand(parents, limits)
             depths = [0 if node < 0 else tree.depths[node] for _, node in parents]
             at = [i for i, _ in parents]
             row_keys = torch.from_numpy(np.zeros(len(at), dtype=np.int64) if keys is None else keys.keys[depths, at])
             tokens = ranked(logits, [p[at].to(self.device) for p in params], row_keys.to(self.device),
-                            max(map(len, children)), self.sampling_kernels)
-            for r, ((i, _), kids) in enumerate(zip(parents, children)):
-                drafts[i, kids] = tokens[r, :len(kids)]
-            parents = [(i, c) for (i, _), kids in zip(parents, children) for c in kids if tree.children(c, limits[i])]
-            if parents:
-                logits = self._forward_nodes(rows, parents, drafts, table)
-        return drafts
+                            max(map(len, kids)), self.sampling_kernels)
+            for r, ((i, _), k) in enumerate(zip(parents, kids)):
+                drafts[i, k] = tokens[r, :len(k)]
+            if not fed:
+                return drafts
+            parents = [(i, c) for _, i, c in fed]
+            logits = self._forward_nodes(rows, parents, drafts, table)
 
     def _forward_nodes(self, rows: list[_Row], nodes: list[tuple[int, int]], drafts: torch.Tensor,
                        table: np.ndarray) -> torch.Tensor:
-        """Feed the tree `nodes` [(row, node)], grouped by row in node order: their logits [len(nodes), V]."""
-        order = list(dict.fromkeys(i for i, _ in nodes))
-        by_row = {i: [c for j, c in nodes if j == i] for i in order}
-        row_of = np.repeat(np.arange(len(order)), [len(by_row[i]) for i in order])
-        ids = drafts[[i for i, _ in nodes], [c for _, c in nodes]]
-        positions = np.array([rows[i].n - 1 + self.tree.depths[c] for i, c in nodes], dtype=np.int64)
-        slot_positions = np.array([rows[i].n + c for i, c in nodes], dtype=np.int64)
-        sub_table = table[order]
-        seq_lens = np.array([rows[i].n + 1 + max(by_row[i]) for i in order], dtype=np.int64)
-        mask = TreeMask.of([rows[i].n for i, _ in nodes], [self.tree.ancestor_bits(c) for _, c in nodes], self.device)
-        query_start = np.concatenate(([0], np.cumsum([len(by_row[i]) for i in order])))
-        return self._draft(ids, positions, self._slots(sub_table, row_of, slot_positions), query_start, seq_lens,
-                           torch.from_numpy(sub_table).to(self.device, non_blocking=True), mask)
+        """Feed the tree `nodes` [(row, node)], grouped by row: their logits [len(nodes), V] (roots at N - 1)."""
+        level = self.tree.level(nodes, [r.n - 1 for r in rows])
+        sub_table = table[level.rows]
+        return self._draft(drafts[[i for i, _ in nodes], [c for _, c in nodes]], level.positions,
+                           self._slots(sub_table, level.row_of, level.slot_positions), level.query_start,
+                           level.seq_lens, torch.from_numpy(sub_table).to(self.device, non_blocking=True),
+                           TreeMask.of(level.ctx, level.bits, self.device))
 
     def _draft(self, ids: np.ndarray | torch.Tensor, positions: np.ndarray, slots: np.ndarray,
                query_start: np.ndarray, seq_lens: np.ndarray, table_dev: torch.Tensor,

@@ -30,7 +30,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["DraftTree"]
+import numpy as np
+
+__all__ = ["DraftTree", "TreeLevel"]
+
+
+@dataclass
+class TreeLevel:
+    """One forward over tree nodes of several rows, grouped by row (a drafter's level, `DraftTree.level`): with the
+    root of row r at position root[r], node i sits at position root + depth(i) in the slot of position
+    root + 1 + i and sees keys [0, root + 1) and its ancestors (a TreeMask row: ctx, bits)."""
+
+    rows: list[int]  # the rows fed, in order
+    row_of: np.ndarray  # [T] each node's index in `rows`
+    query_start: np.ndarray  # [len(rows) + 1]
+    positions: np.ndarray  # [T]
+    slot_positions: np.ndarray  # [T]: the positions whose KV slots the nodes take
+    seq_lens: np.ndarray  # [len(rows)]: keys up to each row's last node
+    ctx: list[int]
+    bits: list[int]
 
 
 @dataclass(frozen=True)
@@ -88,6 +106,29 @@ class DraftTree:
                 return path
             path.append(nxt)
             node = nxt
+
+    def expand(self, parents: Sequence[tuple[int, int]], limits: Sequence[int]
+               ) -> tuple[list[list[int]], list[tuple[int, int, int]]]:
+        """For parents [(row, node)] (-1: the root): each one's children among the row's first limits[row] nodes,
+        and the children that have children themselves as (parent's index, row, child), grouped by row when the
+        parents are: the nodes a drafter's next level feeds."""
+        kids = [self.children(node, limits[row]) for row, node in parents]
+        fed = [(j, row, c) for j, ((row, _), k) in enumerate(zip(parents, kids)) for c in k
+               if self.children(c, limits[row])]
+        return kids, fed
+
+    def level(self, nodes: Sequence[tuple[int, int]], roots: Sequence[int]) -> TreeLevel:
+        """The host inputs of one forward over `nodes` [(row, node)], grouped by row; roots[row]: the position of
+        that row's root."""
+        rows = list(dict.fromkeys(row for row, _ in nodes))
+        counts = [sum(row == r for row, _ in nodes) for r in rows]
+        root = np.array([roots[row] for row, _ in nodes], dtype=np.int64)
+        node = np.array([i for _, i in nodes], dtype=np.int64)
+        last = {row: max(i for r, i in nodes if r == row) for row in rows}
+        return TreeLevel(rows, np.repeat(np.arange(len(rows)), counts), np.concatenate(([0], np.cumsum(counts))),
+                         root + np.array(self.depths, dtype=np.int64)[node], root + 1 + node,
+                         np.array([roots[r] + 2 + last[r] for r in rows], dtype=np.int64), (root + 1).tolist(),
+                         [self.ancestor_bits(i) for _, i in nodes])
 
     def ancestor_bits(self, node: int) -> int:
         """Bit a set for each ancestor a of `node`, itself included: the tree keys its row sees, key a being node a's

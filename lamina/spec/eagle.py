@@ -218,12 +218,10 @@ class EagleProposer:
         drafts = torch.zeros((len(rows), max(limits)), dtype=torch.int64, device=self.device)
         parents = [(i, -1) for i in range(len(rows))]  # (row, node) of each row of `logits` / `carry`
         while True:
-            kids = [tree.children(node, limits[i]) for i, node in parents]
+            kids, fed = tree.expand(parents, limits)
             top = logits.topk(max(map(len, kids)), dim=-1).indices
             for r, ((i, _), k) in enumerate(zip(parents, kids)):
                 drafts[i, k] = top[r, :len(k)]
-            fed = [(r, i, c) for r, ((i, _), k) in enumerate(zip(parents, kids)) for c in k
-                   if tree.children(c, limits[i])]
             if not fed:
                 return drafts
             logits, carry = self._tree_level(rows, fed, drafts, carry)
@@ -231,20 +229,16 @@ class EagleProposer:
 
     def _tree_level(self, rows: list[CatchUpRow], fed: list[tuple[int, int, int]], drafts: torch.Tensor,
                     carry: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feed the tree nodes `fed` [(parent's row of `carry`, row, node)], grouped by row: (logits, y) of each."""
-        tree, order = self.tree, list(dict.fromkeys(i for _, i, _ in fed))
-        counts = [sum(i == o for _, i, _ in fed) for o in order]
-        base = [rows[i].base for _, i, _ in fed]
-        table = block_table([rows[i].block_ids for i in order])
-        keys = np.array([b + 1 + c for b, (_, _, c) in zip(base, fed)], dtype=np.int64)
-        slots = slot_mapping(table, np.repeat(np.arange(len(order)), counts), keys, self.block_size)
-        positions = np.array([b + tree.depths[c] for b, (_, _, c) in zip(base, fed)], dtype=np.int64)
-        seq_lens = np.array([rows[o].base + 2 + max(c for _, i, c in fed if i == o) for o in order])
-        pos_dev, slot_dev, parent = packed_to_device([positions, slots, np.array([r for r, _, _ in fed])], np.int64,
-                                                     self.device)
-        mask = TreeMask.of([b + 1 for b in base], [tree.ancestor_bits(c) for _, _, c in fed], self.device)
+        """Feed the tree nodes `fed` [(parent's row of `carry`, row, node)], grouped by row: (logits, y) of each
+        (roots at the rows' bases)."""
+        level = self.tree.level([(i, c) for _, i, c in fed], [r.base for r in rows])
+        table = block_table([rows[i].block_ids for i in level.rows])
+        slots = slot_mapping(table, level.row_of, level.slot_positions, self.block_size)
+        pos_dev, slot_dev, parent = packed_to_device([level.positions, slots, np.array([j for j, _, _ in fed])],
+                                                     np.int64, self.device)
         normed, y = self._forward(drafts[[i for _, i, _ in fed], [c for _, _, c in fed]], carry.index_select(0, parent),
-                                  pos_dev, slot_dev, np.concatenate(([0], np.cumsum(counts))), seq_lens, table, mask)
+                                  pos_dev, slot_dev, level.query_start, level.seq_lens, table,
+                                  TreeMask.of(level.ctx, level.bits, self.device))
         return self.target.compute_logits(normed), y
 
     def _catch_up(self, rows: list[CatchUpRow]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,8 +21,7 @@ import numpy as np
 import torch
 
 from lamina.attention.metadata import AttentionMetadata, TreeMask, set_attention_metadata
-from lamina.graphs import (FlatBatch, Graph, StaticBuffers, TorchCUDAGraph, bucket_for, capture, graph_buckets,
-                           graph_pool)
+from lamina.graphs import FlatBatch, Graph, StaticBuffers, TorchCUDAGraph, bucket_for, capture_buckets, graph_buckets
 from lamina.spec.draft_loop import ModelNet
 from lamina.spec.draft_sampling import DraftKeys, ranked, sampling_kernels
 from lamina.spec.draft_tree import DraftTree
@@ -58,10 +57,7 @@ class TreeLoop:
 
     @torch.inference_mode()
     def capture_all(self) -> None:
-        pool = graph_pool(self.graph_cls)
-        for bucket in reversed(self.buckets):
-            self.graphs[bucket], self.outputs[bucket] = capture(self._loop_fn(bucket), self.graph_cls, pool,
-                                                                self.device)
+        self.graphs, self.outputs = capture_buckets(self._loop_fn, self.buckets, self.graph_cls, self.device)
         logger.info("tree draft loop: %d CUDA graphs (%d nodes) for up to %d sequences", len(self.buckets),
                     self.tree.size, self.buckets[-1])
 

@@ -145,9 +145,10 @@ def plan_batch(scheduled: SchedulerOutput, states: BatchState, block_size: int,
     draft_ids: list[int] = []
     tables: list[list[int]] = []
     prompt_rows = PromptRows()
+    drafts, held = scheduled.scheduled_spec_decode_tokens, states.requests
+    tree = tree if drafts else None  # a step without drafts attends causally
     ctx: list[int] = []  # tree drafts: TreeMask's rows, the causal ones too
     bits: list[int] = []
-    drafts, held = scheduled.scheduled_spec_decode_tokens, states.requests
     for req_id in scheduled.req_ids:
         state = held[req_id]
         start = state.num_computed_tokens

@@ -74,7 +74,7 @@ class Worker:
             logger.info("the checkpoint carries fp8 KV cache scales: kv_cache_dtype='fp8' would use them; "
                         "the cache is in %s (kv_cache_dtype=%r)", self.dtype, cache.kv_cache_dtype)
         spec = config.speculative_config
-        tree = draft_tree(spec)
+        self.tree = tree = draft_tree(spec)
         if tree is not None and tree.size > MAX_SPEC_TOKENS and self._attention_backend() != "torch":
             raise ValueError(f"speculative_token_tree: the Triton kernels verify trees of at most {MAX_SPEC_TOKENS} "
                              f"nodes (8 query tokens a request), this one has {tree.size}; attention_backend 'torch' "
@@ -173,7 +173,7 @@ class Worker:
         spec = self.config.speculative_config
         query_lens = (1,) if spec is None else spec.verify_query_lens  # decode, verify
         graphs = CudaGraphRunner(self.model, max_batch, self.max_model_len, self.config.cache_config.block_size,
-                                 self.device, query_lens=query_lens, tree=draft_tree(spec) is not None)
+                                 self.device, query_lens=query_lens, tree=self.tree is not None)
         start = time.perf_counter()
         graphs.capture_all()
         logger.info("CUDA graphs: %d buckets (1..%d) x query lengths %s captured in %.1f s", len(graphs.buckets),
