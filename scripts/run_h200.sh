@@ -47,6 +47,10 @@
 #                        (bf16, fp8, fp8 + fp8 KV)
 #         kv-fp8-sweep   scripts/fp8_kv_decode_sweep.py alone (the fp8 decode kernel's configs against bf16)
 #         profile-w1     scripts/profile_decode.py, Llama-3-8B shape, 128 requests at ~1,000 tokens: bf16, fp8, fp8 + fp8 KV
+#         spec-tree      scripts/spec_draft_sampling_check.py (sampled drafts and tree drafts through the graphs), the
+#                        draft model's and EAGLE's verify steps, k = 3 chains against BENCH_TREE's trees
+#                        (profile_spec.py: no profiler, its timeline, cProfile), then lamina.bench.spec on them,
+#                        batch 1 sets + batch 1, 8
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -165,6 +169,15 @@ for step in "$@"; do
                 --prompt-len 1000 --steps 8 --kv-cache-dtype fp8 --result-file "$OUT/profile-w1-fp8-kv8.json"
             run w8a8-speed python -m lamina.bench.w8a8_speed --schemes bf16,fp8,fp8+kv8 \
                 --result-file "$OUT/w8a8-speed.json" ;;
+        spec-tree)
+            methods=draft_model-fixed,draft_model-fixed+tree,eagle-fixed,eagle-fixed+tree
+            run spec-tree-check timeout 120 env PYTHONPATH=. python scripts/spec_draft_sampling_check.py \
+                --result-file "$OUT/spec-tree-check.json"
+            run spec-tree-steps timeout 45 python scripts/profile_spec.py --methods "$methods" --profiler none
+            run spec-tree-timeline timeout 50 python scripts/profile_spec.py --methods "$methods" --profiler timeline
+            run spec-tree-cprofile timeout 40 python scripts/profile_spec.py --methods draft_model-fixed --top 45
+            run spec-tree timeout 330 python -m lamina.bench.spec --methods "$methods" --batch-sizes 1,8 \
+                --concurrency "" --new-tokens 256 --repeats 3 --disable-tqdm --result-file "$OUT/spec-tree.json" ;;
         *) echo "unknown step: $step"; status=2 ;;
     esac
 done

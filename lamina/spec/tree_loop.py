@@ -127,7 +127,8 @@ class TreeLoop:
                 logits, _ = self.net.catch_up(ids, positions, last)
             choose(logits, [-1], drafts)
             for fed, fed_index, node_rows, bits, starts, lens in levels:
-                pos, slots, ctx = node_rows.permute(1, 2, 0).reshape(3, -1)  # copies made at every replay
+                # copies made at every replay (contiguous: the rotary kernel wants unit-stride positions)
+                pos, slots, ctx = node_rows.permute(1, 2, 0).reshape(3, -1).contiguous()
                 metadata = AttentionMetadata(
                     slot_mapping=slots, query_start_loc=starts, seq_lens=lens.to(torch.int32), block_tables=table,
                     max_query_len=len(fed), max_seq_len=self.max_model_len, query_start_loc_cpu=[],
