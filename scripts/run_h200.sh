@@ -49,8 +49,9 @@
 #         profile-w1     scripts/profile_decode.py, Llama-3-8B shape, 128 requests at ~1,000 tokens: bf16, fp8, fp8 + fp8 KV
 #         spec-tree      scripts/spec_draft_sampling_check.py (sampled drafts and tree drafts through the graphs), the
 #                        draft model's and EAGLE's verify steps, k = 3 chains against BENCH_TREE's trees
-#                        (profile_spec.py: no profiler, its timeline, cProfile), then lamina.bench.spec on them,
-#                        batch 1 sets + batch 1, 8
+#                        (profile_spec.py: no profiler, cProfile), then lamina.bench.spec on them, batch 1
+#         spec-big       lamina.bench.spec: n-gram and the draft model (adaptive) against off at 128 and 256 rows,
+#                        512 tokens a request (the never-slower bar in a steady state)
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -171,13 +172,15 @@ for step in "$@"; do
                 --result-file "$OUT/w8a8-speed.json" ;;
         spec-tree)
             methods=draft_model-fixed,draft_model-fixed+tree,eagle-fixed,eagle-fixed+tree
-            run spec-tree-check timeout 120 env PYTHONPATH=. python scripts/spec_draft_sampling_check.py \
+            run spec-tree-check timeout 100 env PYTHONPATH=. python scripts/spec_draft_sampling_check.py \
                 --result-file "$OUT/spec-tree-check.json"
             run spec-tree-steps timeout 45 python scripts/profile_spec.py --methods "$methods" --profiler none
-            run spec-tree-timeline timeout 50 python scripts/profile_spec.py --methods "$methods" --profiler timeline
             run spec-tree-cprofile timeout 40 python scripts/profile_spec.py --methods draft_model-fixed --top 45
-            run spec-tree timeout 330 python -m lamina.bench.spec --methods "$methods" --batch-sizes 1,8 \
+            run spec-tree timeout 250 python -m lamina.bench.spec --methods "$methods" --batch-sizes 1 \
                 --concurrency "" --new-tokens 256 --repeats 3 --disable-tqdm --result-file "$OUT/spec-tree.json" ;;
+        spec-big) run spec-big timeout 130 python -m lamina.bench.spec --methods ngram,draft_model --prompt-sets "" \
+                      --batch-sizes 128,256 --concurrency "" --new-tokens 512 --repeats 3 --disable-tqdm \
+                      --result-file "$OUT/spec-big.json" ;;
         *) echo "unknown step: $step"; status=2 ;;
     esac
 done
