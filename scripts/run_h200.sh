@@ -174,8 +174,9 @@ for step in "$@"; do
             methods=draft_model-fixed,draft_model-fixed+tree,eagle-fixed,eagle-fixed+tree
             run spec-tree-check timeout 100 env PYTHONPATH=. python scripts/spec_draft_sampling_check.py \
                 --result-file "$OUT/spec-tree-check.json"
-            run spec-tree-steps timeout 45 python scripts/profile_spec.py --methods "$methods" --profiler none
-            run spec-tree-cprofile timeout 40 python scripts/profile_spec.py --methods draft_model-fixed --top 45
+            run spec-tree-steps timeout 45 env PYTHONPATH=. python scripts/profile_spec.py --methods "$methods" --profiler none
+            run spec-tree-cprofile timeout 40 env PYTHONPATH=. python scripts/profile_spec.py \
+                --methods draft_model-fixed --top 45
             run spec-tree timeout 250 python -m lamina.bench.spec --methods "$methods" --batch-sizes 1 \
                 --concurrency "" --new-tokens 256 --repeats 3 --disable-tqdm --result-file "$OUT/spec-tree.json" ;;
         spec-big) run spec-big timeout 130 python -m lamina.bench.spec --methods ngram,draft_model --prompt-sets "" \

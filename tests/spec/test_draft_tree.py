@@ -140,20 +140,21 @@ def test_tree_drafts_are_the_draft_models_ranked_tokens(dirs, hf_draft, temperat
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_the_captured_tree_loop_drafts_what_hf_does(dirs, temperature: float, monkeypatch) -> None:  # noqa: F811
+def test_the_captured_tree_loop_drafts_what_hf_does(dirs, temperature: float,  # noqa: F811
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """compile_and_capture with a tree (EagerGraph on CPU, every Triton kernel a GPU would run under the interpreter:
     the fused ops too, whose asserts a GPU meets; TreeMask rows in the decode kernel): one replay drafts what the
     oracle ranks, in a bucket with a padding row, for rows whose limits stop inside the tree (their nodes past it
     store nothing)."""
     import tests.kernels.conftest  # noqa: F401 - TRITON_INTERPRET=1 and the interpreter fixes
-    from lamina.layers import dispatch
-    monkeypatch.setattr(dispatch, "on_kernel_device", lambda x: True)
     from lamina.graphs import EagerGraph
+    from lamina.layers import dispatch
     from lamina.loader.hf_config import load_model_arch
     from lamina.spec.draft_model import DraftModelProposer
     from lamina.spec.tree_loop import TreeLoop
     from tests.helpers.hf_oracle import load_hf
     from tests.spec.test_draft_model import NUM_BLOCKS
+    monkeypatch.setattr(dispatch, "on_kernel_device", lambda x: True)
     target = load_model_arch(str(dirs["target"]))
     proposer = DraftModelProposer(str(dirs["head32"]), target, torch.float32, torch.device("cpu"), "triton",
                                   tree=TREE)
