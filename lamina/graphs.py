@@ -82,13 +82,19 @@ class EagerGraph:
 
 
 class TorchCUDAGraph:
-    """`torch.cuda.CUDAGraph` captured into a memory pool shared by every bucket."""
+    """`torch.cuda.CUDAGraph` captured into a memory pool shared by every bucket.
+
+    The graph keeps `fn`: a replay reads the device memory of every tensor the captured kernels read, and those
+    that `fn` closed over (index tensors made before the capture, say) must not be freed and reused while the
+    graph lives (the tree draft loop's were: its index kernels read another tensor's memory, out of bounds)."""
 
     def __init__(self, pool: object = None) -> None:
         self.graph = torch.cuda.CUDAGraph()
         self.pool = pool
+        self.fn: Callable[[], torch.Tensor] | None = None
 
     def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        self.fn = fn
         with torch.cuda.graph(self.graph, pool=self.pool):
             out = fn()
         return out

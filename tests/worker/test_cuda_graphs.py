@@ -3,14 +3,17 @@
 decode steps give the eager tokens."""
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
+import weakref
 
 import pytest
 import torch
 
 import tests.kernels.conftest  # noqa: F401 - TRITON_INTERPRET=1 and the interpreter fixes
 from lamina import LLM, SamplingParams
-from lamina.graphs import EagerGraph, StaticBuffers, bucket_for, graph_buckets
+from lamina.graphs import EagerGraph, StaticBuffers, TorchCUDAGraph, bucket_for, capture_buckets, graph_buckets
 from lamina.worker.cuda_graphs import CudaGraphRunner, graph_decision
 from lamina.worker.input_batch import HostBatch
 from tests.helpers.spec_tree import count_off_chain, perturbed_copy
@@ -24,6 +27,30 @@ def test_buckets() -> None:
     assert graph_buckets(1) == [1] and graph_buckets(8) == [1, 2, 4, 8] and graph_buckets(10) == [1, 2, 4, 8, 10]
     buckets = graph_buckets(40)
     assert [bucket_for(n, buckets) for n in (1, 3, 5, 9, 33, 40, 41)] == [1, 4, 8, 16, 40, 40, None]
+
+
+def test_a_captured_graph_keeps_alive_what_its_function_closed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA graph replays reads of the memory its kernels read when captured: a tensor the captured function
+    closed over (the tree draft loop's index tensors, made before the capture) must live as long as the graph, or
+    the allocator hands its memory to another tensor (on the H200: an index kernel out of bounds). torch.cuda's
+    graph and its capture context stand in here, on the CPU."""
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: object())
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, pool=None: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    made: list[weakref.ref] = []
+
+    def fn_for(bucket: int):
+        index = torch.arange(bucket)  # only the closure holds it
+        made.append(weakref.ref(index))
+        return lambda: index * 2
+
+    graphs, outputs = capture_buckets(fn_for, [1, 4], TorchCUDAGraph, torch.device("cpu"))
+    gc.collect()
+    assert len(made) == 2 and all(ref() is not None for ref in made)
+    assert outputs[4].tolist() == [0, 2, 4, 6]
+    del graphs
+    gc.collect()
+    assert all(ref() is None for ref in made)  # and no longer than the graphs
 
 
 def _decode_batch(tables: list[list[int]], seq_lens: list[int], block_size: int) -> HostBatch:
