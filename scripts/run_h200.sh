@@ -47,9 +47,9 @@
 #                        (bf16, fp8, fp8 + fp8 KV)
 #         kv-fp8-sweep   scripts/fp8_kv_decode_sweep.py alone (the fp8 decode kernel's configs against bf16)
 #         profile-w1     scripts/profile_decode.py, Llama-3-8B shape, 128 requests at ~1,000 tokens: bf16, fp8, fp8 + fp8 KV
-#         spec-tree      scripts/spec_draft_sampling_check.py (sampled drafts and tree drafts through the graphs), the
+#         spec-tree      scripts/spec_draft_sampling_check.py (tree drafts through the graphs against off), the
 #                        draft model's and EAGLE's verify steps, k = 3 chains against BENCH_TREE's trees
-#                        (profile_spec.py: no profiler, cProfile), then lamina.bench.spec on them, batch 1
+#                        (profile_spec.py, no profiler), then lamina.bench.spec on them, batch 1
 #         spec-big       lamina.bench.spec: n-gram and the draft model (adaptive) against off at 128 and 256 rows,
 #                        512 tokens a request (the never-slower bar in a steady state)
 set -u
@@ -172,11 +172,9 @@ for step in "$@"; do
                 --result-file "$OUT/w8a8-speed.json" ;;
         spec-tree)
             methods=draft_model-fixed,draft_model-fixed+tree,eagle-fixed,eagle-fixed+tree
-            run spec-tree-check timeout 100 env PYTHONPATH=. python scripts/spec_draft_sampling_check.py \
-                --result-file "$OUT/spec-tree-check.json"
-            run spec-tree-steps timeout 45 env PYTHONPATH=. python scripts/profile_spec.py --methods "$methods" --profiler none
-            run spec-tree-cprofile timeout 40 env PYTHONPATH=. python scripts/profile_spec.py \
-                --methods draft_model-fixed --top 45
+            run spec-tree-check timeout 120 env PYTHONPATH=. python scripts/spec_draft_sampling_check.py \
+                --engines off,self_tree,draft_model_tree,medusa_tree --result-file "$OUT/spec-tree-check.json"
+            run spec-tree-steps timeout 60 env PYTHONPATH=. python scripts/profile_spec.py --methods "$methods" --profiler none
             run spec-tree timeout 250 python -m lamina.bench.spec --methods "$methods" --batch-sizes 1 \
                 --concurrency "" --new-tokens 256 --repeats 3 --disable-tqdm --result-file "$OUT/spec-tree.json" ;;
         spec-big) run spec-big timeout 130 python -m lamina.bench.spec --methods ngram,draft_model --prompt-sets "" \
