@@ -25,6 +25,7 @@ a GPU.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable, Protocol
@@ -84,23 +85,56 @@ class EagerGraph:
 class TorchCUDAGraph:
     """`torch.cuda.CUDAGraph` captured into a memory pool shared by every bucket.
 
-    The graph keeps `fn`: a replay reads the device memory of every tensor the captured kernels read, and those
-    that `fn` closed over (index tensors made before the capture, say) must not be freed and reused while the
-    graph lives (the tree draft loop's were: its index kernels read another tensor's memory, out of bounds)."""
+    A replay reads the memory of every tensor the captured kernels read, so the graph keeps alive the tensors that
+    its function closed over (`closed_over_tensors`: index tensors made before the capture, say), which would
+    otherwise be freed with the function and their memory handed to other tensors (the tree draft loop's were: on
+    the H200 its index kernels then read out of bounds). It keeps the tensors, not the function, which refers to
+    its owner: owner -> graph -> function -> owner would be a reference cycle, never collected once the engine
+    freezes the heap (lamina.engine.engine.freeze_heap)."""
 
     def __init__(self, pool: object = None) -> None:
         self.graph = torch.cuda.CUDAGraph()
         self.pool = pool
-        self.fn: Callable[[], torch.Tensor] | None = None
+        self.inputs: list[torch.Tensor] = []
 
     def capture(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
-        self.fn = fn
+        self.inputs = closed_over_tensors(fn)
         with torch.cuda.graph(self.graph, pool=self.pool):
             out = fn()
         return out
 
     def replay(self) -> None:
         self.graph.replay()
+
+
+def closed_over_tensors(fn: Callable[..., object]) -> list[torch.Tensor]:
+    """The tensors `fn` reaches through its closure: in its cells, in the functions, lists, tuples, dicts and
+    dataclasses there (not other objects' attributes: an object keeps its own tensors)."""
+    found, seen, todo = [], set(), [fn]
+    while todo:
+        item = todo.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, (list, tuple)):
+            todo.extend(item)
+        elif isinstance(item, dict):
+            todo.extend(item.values())
+        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+            todo.extend(getattr(item, f.name) for f in dataclasses.fields(item))
+        elif callable(item) and getattr(item, "__closure__", None):
+            todo.extend(cell.cell_contents for cell in item.__closure__ if _filled(cell))
+    return found
+
+
+def _filled(cell: object) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass

@@ -13,7 +13,8 @@ import torch
 
 import tests.kernels.conftest  # noqa: F401 - TRITON_INTERPRET=1 and the interpreter fixes
 from lamina import LLM, SamplingParams
-from lamina.graphs import EagerGraph, StaticBuffers, TorchCUDAGraph, bucket_for, capture_buckets, graph_buckets
+from lamina.graphs import (EagerGraph, StaticBuffers, TorchCUDAGraph, bucket_for, capture_buckets,
+                           closed_over_tensors, graph_buckets)
 from lamina.worker.cuda_graphs import CudaGraphRunner, graph_decision
 from lamina.worker.input_batch import HostBatch
 from tests.helpers.spec_tree import count_off_chain, perturbed_copy
@@ -29,28 +30,56 @@ def test_buckets() -> None:
     assert [bucket_for(n, buckets) for n in (1, 3, 5, 9, 33, 40, 41)] == [1, 4, 8, 16, 40, 40, None]
 
 
-def test_a_captured_graph_keeps_alive_what_its_function_closed_over(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A CUDA graph replays reads of the memory its kernels read when captured: a tensor the captured function
-    closed over (the tree draft loop's index tensors, made before the capture) must live as long as the graph, or
-    the allocator hands its memory to another tensor (on the H200: an index kernel out of bounds). torch.cuda's
-    graph and its capture context stand in here, on the CPU."""
+def test_a_captured_graph_keeps_the_tensors_its_function_closed_over_and_no_cycle(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA graph's replays read the memory its kernels read when captured: a tensor that only the captured
+    function holds (the tree draft loop's index tensors, made before the capture) must live as long as the graph,
+    or the allocator hands its memory to another tensor (on the H200: an index kernel out of bounds). The graph must
+    not hold the function itself, which refers to the graphs' owner: that cycle would outlive a dropped engine
+    once the heap is frozen. torch.cuda's graph and its capture context stand in here, on the CPU."""
     monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: object())
     monkeypatch.setattr(torch.cuda, "graph", lambda graph, pool=None: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
-    made: list[weakref.ref] = []
 
-    def fn_for(bucket: int):
-        index = torch.arange(bucket)  # only the closure holds it
-        made.append(weakref.ref(index))
-        return lambda: index * 2
+    class Owner:  # holds its graphs; its captured functions refer to it
+        def __init__(self) -> None:
+            self.made: list[weakref.ref] = []
+            self.graphs, self.outputs = capture_buckets(self.fn_for, [1, 4], TorchCUDAGraph, torch.device("cpu"))
 
-    graphs, outputs = capture_buckets(fn_for, [1, 4], TorchCUDAGraph, torch.device("cpu"))
-    gc.collect()
-    assert len(made) == 2 and all(ref() is not None for ref in made)
-    assert outputs[4].tolist() == [0, 2, 4, 6]
-    del graphs
-    gc.collect()
-    assert all(ref() is None for ref in made)  # and no longer than the graphs
+        def fn_for(self, bucket: int):
+            held = {"rows": [torch.arange(bucket)]}  # only the closure holds it, in a dict, in a list
+            self.made.append(weakref.ref(held["rows"][0]))
+            return lambda: self.double(held["rows"][0])
+
+        @staticmethod
+        def double(t: torch.Tensor) -> torch.Tensor:
+            return t * 2
+
+    gc.disable()  # reference counts alone: what a frozen heap leaves
+    try:
+        owner = Owner()
+        made, alive = owner.made, weakref.ref(owner)
+        gc.collect()
+        assert len(made) == 2 and all(ref() is not None for ref in made)
+        assert owner.outputs[4].tolist() == [0, 2, 4, 6]
+        del owner
+        assert alive() is None and all(ref() is None for ref in made)
+    finally:
+        gc.enable()
+
+
+def test_closed_over_tensors_walks_cells_functions_containers_and_dataclasses() -> None:
+    a, b, c, d = (torch.zeros(n) for n in range(1, 5))
+    meta = StaticBuffers(token_rows=c, seq_lens=d, query_start_loc=d, block_tables=d)
+
+    def inner() -> object:
+        return [a], {"b": (b,)}
+
+    def outer() -> object:
+        return inner, meta
+
+    found = {id(t) for t in closed_over_tensors(outer)}
+    assert found == {id(a), id(b), id(c), id(d)}
 
 
 def _decode_batch(tables: list[list[int]], seq_lens: list[int], block_size: int) -> HostBatch:
