@@ -1,7 +1,7 @@
 """Sampled drafts on a GPU (issue #12): what the CPU tests cannot show, through the engine's CUDA graphs.
 
     PYTHONPATH=. python scripts/spec_draft_sampling_check.py [--new-tokens 128] [--result-file out.json]
-        [--engines off,self_tree] [--num-prompts 24] [--enforce-eager]
+        [--engines off,self_tree] [--num-prompts 24] [--enforce-eager] [--dtype float32]
 
 The demo model on the bench's 24 prompts, three ways per engine: seeded at T = 0.6, unseeded at T = 0.6, greedy.
 Engines: no speculation; the demo model as its own draft model (drafts drawn inside the drafting CUDA graph by the
@@ -50,9 +50,9 @@ def _counts(llm: LLM) -> tuple[int, int]:
 
 
 def run_engine(spec: dict | None, workloads: dict[str, list[SamplingParams]], prompts: list[str],
-               plain: dict[str, list[list[int]]], enforce_eager: bool = False) -> dict:
+               plain: dict[str, list[list[int]]], enforce_eager: bool = False, dtype: str = "auto") -> dict:
     start = time.perf_counter()
-    llm = LLM(DEMO_MODEL, speculative_config=spec, enforce_eager=enforce_eager)
+    llm = LLM(DEMO_MODEL, speculative_config=spec, enforce_eager=enforce_eager, dtype=dtype)
     row: dict = {"start_s": round(time.perf_counter() - start, 1)}
     for label, params in workloads.items():
         before = _counts(llm)  # (the stats object is live: read its numbers now)
@@ -80,6 +80,7 @@ def main() -> int:
     parser.add_argument("--engines", default=",".join(SPECS), help=f"comma-separated, of {', '.join(SPECS)}")
     parser.add_argument("--num-prompts", type=int, default=None, help="the first N of the 24 prompts")
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (engine and drafter)")
+    parser.add_argument("--dtype", default="auto", help="the engines' dtype (float32: rounding cannot part texts)")
     args = parser.parse_args()
     engines = args.engines.split(",")
     unknown = sorted(set(engines) - set(SPECS))
@@ -95,12 +96,12 @@ def main() -> int:
     plain: dict[str, list[list[int]]] = {}
     report = {}
     for name in engines:
-        report[name] = run_engine(SPECS[name], workloads, prompts, plain, args.enforce_eager)
+        report[name] = run_engine(SPECS[name], workloads, prompts, plain, args.enforce_eager, args.dtype)
         print(name, json.dumps(report[name]), flush=True)
     if args.result_file:
         with open(args.result_file, "w") as f:
             json.dump({"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-                       "new_tokens": n, "engines": report}, f, indent=1)
+                       "new_tokens": n, "dtype": args.dtype, "engines": report}, f, indent=1)
     return 0
 
 
