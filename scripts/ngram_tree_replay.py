@@ -13,6 +13,7 @@ step for each set and rule, assuming every step drafts (the adaptive policy draf
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from lamina import DEMO_MODEL, LLM, SamplingParams
 from lamina.bench.spec import PROMPT_SETS
@@ -34,6 +35,14 @@ def continuations(tokens: list[int], k: int, n_min: int = 1, n_max: int = 4) -> 
     return found
 
 
+def tree_rule(k: int, m: int) -> Callable[[list[int]], list[list[int]]]:
+    """The drafts of a tree of m candidates: the first m distinct continuations."""
+    def propose(tokens: list[int]) -> list[list[int]]:
+        distinct = dict.fromkeys(tuple(c) for c in continuations(tokens, k))
+        return [list(c) for c in distinct][:m]
+    return propose
+
+
 def trie_size(paths: list[list[int]]) -> int:
     return len({tuple(p[:i]) for p in paths for i in range(1, len(p) + 1)})
 
@@ -49,7 +58,8 @@ def accepted(drafts: list[list[int]], future: list[int]) -> int:
     return best
 
 
-def replay(texts: list[tuple[list[int], list[int]]], propose) -> tuple[float, float]:
+def replay(texts: list[tuple[list[int], list[int]]], propose: Callable[[list[int]], list[list[int]]]
+           ) -> tuple[float, float]:
     """(tokens a verify step, drafted nodes a step) over every text."""
     steps = tokens = nodes = 0
     for prompt, output in texts:
@@ -69,8 +79,7 @@ def main() -> int:
     llm, k = LLM(DEMO_MODEL), args.k
     chain = NgramProposer(k)
     rules = {"chain": lambda text: [d] if (d := chain.propose([text], [k])[0]) else []}
-    for m in TREE_WIDTHS:
-        rules[f"tree of {m}"] = lambda text, m=m: list(map(list, dict.fromkeys(map(tuple, continuations(text, k)))))[:m]
+    rules.update((f"tree of {m}", tree_rule(k, m)) for m in TREE_WIDTHS)
     print(f"{'set':6s} {'T':4s} " + "  ".join(f"{name:>12s}" for name in rules) + "   (tokens a step / nodes a step)")
     for name, prompts in PROMPT_SETS.items():
         for temperature in (0.6, 0.0):
