@@ -83,7 +83,7 @@ def main() -> int:
     parser.add_argument("--dtype", default="auto",
                         help="the engines' dtype (float32: far less rounding between a verify step and a plain one)")
     args = parser.parse_args()
-    engines = args.engines.split(",")
+    engines = sorted(args.engines.split(","), key=lambda e: e != "off")  # off first: the others compare with it
     unknown = sorted(set(engines) - set(SPECS))
     if unknown:
         parser.error(f"--engines: unknown {unknown}; allowed: {', '.join(SPECS)}")

@@ -7,6 +7,7 @@ import contextlib
 import gc
 import logging
 import weakref
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -46,7 +47,7 @@ def test_a_captured_graph_keeps_the_tensors_its_function_closed_over_and_no_cycl
             self.made: list[weakref.ref] = []
             self.graphs, self.outputs = capture_buckets(self.fn_for, [1, 4], TorchCUDAGraph, torch.device("cpu"))
 
-        def fn_for(self, bucket: int):
+        def fn_for(self, bucket: int) -> Callable[[], torch.Tensor]:
             held = {"rows": [torch.arange(bucket)]}  # only the closure holds it, in a dict, in a list
             self.made.append(weakref.ref(held["rows"][0]))
             return lambda: self.double(held["rows"][0])
