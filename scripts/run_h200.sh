@@ -50,6 +50,9 @@
 #         spec-tree      scripts/spec_draft_sampling_check.py (tree drafts through the graphs against off), the
 #                        draft model's and EAGLE's verify steps, k = 3 chains against BENCH_TREE's trees
 #                        (profile_spec.py, no profiler), then lamina.bench.spec on them, batch 1
+#         spec-profile-128  scripts/profile_spec.py --batch-size 128 --methods ngram (cProfile: where a step's host
+#                        time goes at 128 rows, with and without speculation)
+#         spec-tree-f32  scripts/spec_draft_sampling_check.py on the tree engines in float32 (bf16 rounding or a fault?)
 #         spec-big       lamina.bench.spec: n-gram and the draft model (adaptive) against off at 128 and 256 rows,
 #                        512 tokens a request (the never-slower bar in a steady state)
 set -u
@@ -177,6 +180,11 @@ for step in "$@"; do
             run spec-tree-steps timeout 60 env PYTHONPATH=. python scripts/profile_spec.py --methods "$methods" --profiler none
             run spec-tree timeout 250 python -m lamina.bench.spec --methods "$methods" --batch-sizes 1 \
                 --concurrency "" --new-tokens 256 --repeats 3 --disable-tqdm --result-file "$OUT/spec-tree.json" ;;
+        spec-profile-128) run spec-profile-128 timeout 200 env PYTHONPATH=. python scripts/profile_spec.py \
+                              --batch-size 128 --methods ngram --new-tokens 256 --top 40 ;;
+        spec-tree-f32) run spec-tree-f32 timeout 200 env PYTHONPATH=. python scripts/spec_draft_sampling_check.py \
+                           --engines off,self_tree,draft_model_tree,medusa_tree --dtype float32 \
+                           --result-file "$OUT/spec-tree-f32.json" ;;
         spec-big) run spec-big timeout 130 python -m lamina.bench.spec --methods ngram,draft_model --prompt-sets "" \
                       --batch-sizes 128,256 --concurrency "" --new-tokens 512 --repeats 3 --disable-tqdm \
                       --result-file "$OUT/spec-big.json" ;;
