@@ -22,7 +22,7 @@ from lamina.spec.ngram import NgramProposer
 TREE_WIDTHS = (2, 3, 4, 8)
 
 
-def continuations(tokens: list[int], k: int, n_min: int = 1, n_max: int = 4) -> list[list[int]]:
+def continuations(tokens: list[int], k: int, n_min: int, n_max: int) -> list[list[int]]:
     """The k tokens after each earlier occurrence of the text's last n tokens: n from n_max down, then the most
     recent first; one per occurrence end."""
     found, ends, size = [], set(), len(tokens)
@@ -35,10 +35,11 @@ def continuations(tokens: list[int], k: int, n_min: int = 1, n_max: int = 4) -> 
     return found
 
 
-def tree_rule(k: int, m: int) -> Callable[[list[int]], list[list[int]]]:
-    """The drafts of a tree of m candidates: the first m distinct continuations."""
+def tree_rule(chain: NgramProposer, m: int) -> Callable[[list[int]], list[list[int]]]:
+    """The drafts of a tree of m candidates: the first m distinct continuations, matched as `chain` matches."""
     def propose(tokens: list[int]) -> list[list[int]]:
-        distinct = dict.fromkeys(tuple(c) for c in continuations(tokens, k))
+        distinct = dict.fromkeys(tuple(c) for c in continuations(tokens, chain.num_speculative_tokens,
+                                                                  chain.prompt_lookup_min, chain.prompt_lookup_max))
         return [list(c) for c in distinct][:m]
     return propose
 
@@ -79,7 +80,7 @@ def main() -> int:
     llm, k = LLM(DEMO_MODEL), args.k
     chain = NgramProposer(k)
     rules = {"chain": lambda text: [d] if (d := chain.propose([text], [k])[0]) else []}
-    rules.update((f"tree of {m}", tree_rule(k, m)) for m in TREE_WIDTHS)
+    rules.update((f"tree of {m}", tree_rule(chain, m)) for m in TREE_WIDTHS)
     print(f"{'set':6s} {'T':4s} " + "  ".join(f"{name:>12s}" for name in rules) + "   (tokens a step / nodes a step)")
     for name, prompts in PROMPT_SETS.items():
         for temperature in (0.6, 0.0):
