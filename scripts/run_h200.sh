@@ -55,6 +55,7 @@
 #         spec-tree-f32  scripts/spec_draft_sampling_check.py on the tree engines in float32 (bf16 rounding or a fault?)
 #         spec-big       lamina.bench.spec: n-gram and the draft model (adaptive) against off at 128 and 256 rows,
 #                        512 tokens a request (the never-slower bar in a steady state)
+#         spec-big-stalls  the same rows, 5 repeats, each with its stalls and garbage collections (lamina/bench/stalls.py)
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -188,6 +189,9 @@ for step in "$@"; do
         spec-big) run spec-big timeout 130 python -m lamina.bench.spec --methods ngram,draft_model --prompt-sets "" \
                       --batch-sizes 128,256 --concurrency "" --new-tokens 512 --repeats 3 --disable-tqdm \
                       --result-file "$OUT/spec-big.json" ;;
+        spec-big-stalls) run spec-big-stalls timeout 420 python -m lamina.bench.spec --methods ngram,draft_model \
+                             --prompt-sets "" --batch-sizes 128,256 --concurrency "" --new-tokens 512 --repeats 5 \
+                             --disable-tqdm --result-file "$OUT/spec-big-stalls.json" ;;
         *) echo "unknown step: $step"; status=2 ;;
     esac
 done

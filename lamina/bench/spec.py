@@ -28,6 +28,7 @@ import torch
 from lamina import DEMO_DRAFT, DEMO_EAGLE, DEMO_MEDUSA, LLM, SamplingParams
 from lamina.bench.concurrency import closed_loop_requests, steady_throughput
 from lamina.bench.cpu_report import cpu_bench_parser, run_info, write_report
+from lamina.bench.stalls import GcPauses, stall_fields
 from lamina.engine.drafts import SpecDecodeStats
 
 PROMPT_SETS = {
@@ -72,12 +73,15 @@ def spec_config(label: str, k: int | None = None, models: Mapping[str, str] = DE
 
 
 def _counted(llm: LLM, run: Workload) -> tuple[int, float, SpecDecodeStats, SpecDecodeStats, dict]:
-    """(tokens, seconds) of `run(llm)`, the engine's spec counters before and after it, and its steps by kind."""
+    """(tokens, seconds) of `run(llm)`, the engine's spec counters before and after it, its steps by kind and where
+    it stalled (lamina/bench/stalls.py)."""
     before = llm.engine.get_stats().snapshot().spec
     llm.engine.step_log = []
-    tokens, seconds = run(llm)
+    with GcPauses() as pauses:
+        tokens, seconds = run(llm)
     steps, llm.engine.step_log = llm.engine.step_log, None
-    return tokens, seconds, before, llm.engine.get_stats().snapshot().spec, _step_fields(steps)
+    return (tokens, seconds, before, llm.engine.get_stats().snapshot().spec,
+            {**_step_fields(steps), **stall_fields(steps), **pauses.fields()})
 
 
 def _step_fields(steps: list) -> dict:
@@ -149,9 +153,14 @@ def workloads(new_tokens: int, batch_sizes: list[int], prompt_sets: list[str] | 
 
 
 def _median_row(key: dict, measured: list[dict]) -> dict:
-    """The measurement of median tok/s among the repeats (its own counters), with every repeat's tok/s."""
+    """The measurement of median tok/s among the repeats (its own counters), with every repeat's tok/s and where
+    each one stalled."""
     ordered = sorted(measured, key=lambda m: m["tok_s"])
-    return {**key, **ordered[len(ordered) // 2], "tok_s_repeats": [m["tok_s"] for m in measured]}
+    return {**key, **ordered[len(ordered) // 2], "tok_s_repeats": [m["tok_s"] for m in measured],
+            "stalls_repeats": [{name: m[name] for name in STALL_NAMES} for m in measured]}
+
+
+STALL_NAMES = ("slowest_step_ms", "stall_steps", "stall_ms", "gc_ms", "gc_full")
 
 
 def run(model_dir: str, methods: list[str], k: int | None, new_tokens: int, batch_sizes: list[int], engine_args: dict,
@@ -220,6 +229,7 @@ def print_tables(report: dict) -> None:
                 print(f"  {label:12s} {row[size]:5d} {row['tok_s']:10.1f} {row['tok_s'] / base['tok_s']:7.2f}x "
                       f"({_paired(row, base):.2f}x) {row['acceptance_rate']:11.2f} {row['outside_steps_ms']:9.1f} "
                       f"({row['draft_ms']:.1f})  {_kinds(row)}")
+                print(f"    repeats: {_repeats(row)}")
         if section == "throughput" and any(result.get("concurrency") for result in results.values()):
             print("concurrency (closed loop, the batch kept full): method  in flight  tok/s  vs off (paired)  ...")
 
@@ -229,6 +239,12 @@ def _paired(row: dict, base: dict) -> float:
     host hits both of one repeat)."""
     ratios = sorted(a / b for a, b in zip(row["tok_s_repeats"], base["tok_s_repeats"]))
     return ratios[len(ratios) // 2]
+
+
+def _repeats(row: dict) -> str:
+    """Each repeat's tok/s with its stalled steps' lost ms and its garbage collections' ms (lamina/bench/stalls.py)."""
+    return " / ".join(f"{tok_s:.0f} (stalls {s['stall_steps']}: {s['stall_ms']:.0f} ms, gc {s['gc_ms']:.0f} ms)"
+                      for tok_s, s in zip(row["tok_s_repeats"], row["stalls_repeats"]))
 
 
 def _kinds(row: dict) -> str:
