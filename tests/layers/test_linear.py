@@ -5,8 +5,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lamina.layers.dispatch import CPU_WEIGHT_MAJOR_MAX_ROWS, weight_major_for
 from lamina.layers.linear import (LinearBase, MergedColumnParallelLinear, QKVParallelLinear, QuantMethod,
-                                  ReplicatedLinear, RowParallelLinear, UnquantizedLinearMethod)
+                                  ReplicatedLinear, RowParallelLinear, UnquantizedLinearMethod, small_batch_matmul,
+                                  weight_major_matmul)
 
 GEN = torch.Generator().manual_seed(0)
 
@@ -82,3 +84,22 @@ def test_quant_method_is_delegated_to() -> None:
     layer.quant_method.process_after_loading(layer)
     x = rand(2, 16)
     torch.testing.assert_close(layer(x), x @ torch.cat([gate, up]).T)
+
+
+@pytest.mark.parametrize("lead", [(1,), (3,), (CPU_WEIGHT_MAJOR_MAX_ROWS,), (2, 1), ()])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_weight_major_matmul_is_the_linear_layer(lead: tuple[int, ...], with_bias: bool) -> None:
+    weight, bias = rand(48, 32), rand(48) if with_bias else None
+    x = rand(*lead, 32)
+    out = weight_major_matmul(x, weight, bias)
+    assert out.shape == (*lead, 48) and out.is_contiguous()
+    torch.testing.assert_close(out, F.linear(x, weight, bias))
+
+
+def test_small_batch_matmul_takes_the_weight_major_path_for_a_few_float32_cpu_rows() -> None:
+    weight = rand(48, 32)
+    assert weight_major_for(rand(1, 32), weight) and weight_major_for(rand(CPU_WEIGHT_MAJOR_MAX_ROWS, 32), weight)
+    assert not weight_major_for(rand(CPU_WEIGHT_MAJOR_MAX_ROWS + 1, 32), weight)
+    assert not weight_major_for(rand(2, 32).double(), weight.double())
+    x = rand(CPU_WEIGHT_MAJOR_MAX_ROWS + 4, 32)
+    torch.testing.assert_close(small_batch_matmul(x, weight), F.linear(x, weight))
