@@ -56,6 +56,8 @@
 #         spec-big       lamina.bench.spec: n-gram and the draft model (adaptive) against off at 128 and 256 rows,
 #                        512 tokens a request (the never-slower bar in a steady state)
 #         spec-big-stalls  the same rows, 5 repeats, each with its stalls and garbage collections (lamina/bench/stalls.py)
+#         spec-host      scripts/profile_spec.py on the draft model's k = 3 chain at batch 1: step times, cProfile by own
+#                        and by cumulative time, the device's timeline (where a verify step's host time goes)
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -192,6 +194,13 @@ for step in "$@"; do
         spec-big-stalls) run spec-big-stalls timeout 420 python -m lamina.bench.spec --methods ngram,draft_model \
                              --prompt-sets "" --batch-sizes 128,256 --concurrency "" --new-tokens 512 --repeats 5 \
                              --disable-tqdm --result-file "$OUT/spec-big-stalls.json" ;;
+        spec-host)
+            for how in "--profiler none" "--profiler cprofile --top 45" "--profiler cprofile --sort cumtime --top 70" \
+                       "--profiler timeline"; do
+                name=spec-host-$(echo "$how" | tr -d '-' | tr ' ' '-' | cut -c1-30)
+                run "$name" timeout 150 env PYTHONPATH=. python scripts/profile_spec.py --methods draft_model-fixed@3 \
+                    --new-tokens 512 $how
+            done ;;
         *) echo "unknown step: $step"; status=2 ;;
     esac
 done
