@@ -28,7 +28,7 @@ import torch
 from lamina import DEMO_DRAFT, DEMO_EAGLE, DEMO_MEDUSA, LLM, SamplingParams
 from lamina.bench.concurrency import closed_loop_requests, steady_throughput
 from lamina.bench.cpu_report import cpu_bench_parser, run_info, write_report
-from lamina.bench.stalls import GcPauses, stall_fields
+from lamina.bench import stalls
 from lamina.engine.drafts import SpecDecodeStats
 
 PROMPT_SETS = {
@@ -77,11 +77,11 @@ def _counted(llm: LLM, run: Workload) -> tuple[int, float, SpecDecodeStats, Spec
     it stalled (lamina/bench/stalls.py)."""
     before = llm.engine.get_stats().snapshot().spec
     llm.engine.step_log = []
-    with GcPauses() as pauses:
+    with stalls.GcPauses() as pauses:
         tokens, seconds = run(llm)
     steps, llm.engine.step_log = llm.engine.step_log, None
     return (tokens, seconds, before, llm.engine.get_stats().snapshot().spec,
-            {**_step_fields(steps), **stall_fields(steps), **pauses.fields()})
+            {**_step_fields(steps), **stalls.stall_fields(steps), **pauses.fields()})
 
 
 def _step_fields(steps: list) -> dict:
@@ -157,10 +157,7 @@ def _median_row(key: dict, measured: list[dict]) -> dict:
     each one stalled."""
     ordered = sorted(measured, key=lambda m: m["tok_s"])
     return {**key, **ordered[len(ordered) // 2], "tok_s_repeats": [m["tok_s"] for m in measured],
-            "stalls_repeats": [{name: m[name] for name in STALL_NAMES} for m in measured]}
-
-
-STALL_NAMES = ("slowest_step_ms", "stall_steps", "stall_ms", "gc_ms", "gc_full")
+            "stalls_repeats": [{name: m[name] for name in stalls.FIELDS} for m in measured]}
 
 
 def run(model_dir: str, methods: list[str], k: int | None, new_tokens: int, batch_sizes: list[int], engine_args: dict,

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from types import TracebackType
 
 STALL_FACTOR = 4.0  # a step slower than this many times its kind's median is a stall
+FIELDS = ("slowest_step_ms", "stall_steps", "stall_ms", "gc_ms", "gc_full")  # stall_fields' and GcPauses.fields'
 
 
 class GcPauses:

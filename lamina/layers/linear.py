@@ -84,9 +84,8 @@ def small_batch_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 
 def weight_major_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ weight[N, K].T as (weight @ x.T).T: the weight is the GEMM's streamed operand (see
-    lamina.layers.dispatch.CPU_WEIGHT_MAJOR_MAX_ROWS). A single row is doubled, since one column would take the
-    GEMV path again (by `cat`: `repeat` cost ~15 us more a call on the 2-core CPU, ~0.5 ms of a demo-model decode
-    step)."""
+    lamina.layers.dispatch.CPU_WEIGHT_MAJOR_MAX_ROWS). A single row is doubled (by `cat`, cheaper than `repeat`),
+    since one column would take the GEMV path again."""
     rows = x.reshape(-1, x.shape[-1])
     m = rows.shape[0]
     out = (weight @ (torch.cat((rows, rows)) if m == 1 else rows).t()).t()[:m]

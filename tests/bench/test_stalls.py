@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lamina.bench.stalls import STALL_FACTOR, GcPauses, stall_fields
+from lamina.bench.stalls import FIELDS, STALL_FACTOR, GcPauses, stall_fields
 
 
 def _steps(kind: str, ms: list[float]) -> list[SimpleNamespace]:
@@ -37,3 +37,9 @@ def test_gc_pauses_records_the_collections_inside_the_block_only():
     fields = pauses.fields()
     assert fields["gc_full"] == 1 and fields["gc_ms"] == pytest.approx(1000 * sum(s for _, s in pauses.collections))
     assert pauses._callback not in gc.callbacks
+
+
+def test_fields_names_what_the_two_report():
+    with GcPauses() as pauses:
+        pass
+    assert set(stall_fields(_steps("decode", [1.0]))) | set(pauses.fields()) == set(FIELDS)
