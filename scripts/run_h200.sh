@@ -56,6 +56,8 @@
 #         spec-big       lamina.bench.spec: n-gram and the draft model (adaptive) against off at 128 and 256 rows,
 #                        512 tokens a request (the never-slower bar in a steady state)
 #         spec-big-stalls  the same rows, 5 repeats, each with its stalls and garbage collections (lamina/bench/stalls.py)
+#         spec-b1        lamina.bench.spec, batch 1 on the prompt sets only: n-gram (default), the draft model (default
+#                        and k = 3 fixed), 256 tokens, 3 repeats (the batch-1 bar)
 #         spec-host      scripts/profile_spec.py on the draft model's k = 3 chain at batch 1: step times, cProfile by own
 #                        and by cumulative time, the device's timeline (where a verify step's host time goes)
 set -u
@@ -194,6 +196,9 @@ for step in "$@"; do
         spec-big-stalls) run spec-big-stalls timeout 420 python -m lamina.bench.spec --methods ngram,draft_model \
                              --prompt-sets "" --batch-sizes 128,256 --concurrency "" --new-tokens 512 --repeats 5 \
                              --disable-tqdm --result-file "$OUT/spec-big-stalls.json" ;;
+        spec-b1) run spec-b1 timeout 400 python -m lamina.bench.spec --methods ngram,draft_model,draft_model-fixed@3 \
+                     --batch-sizes "" --concurrency "" --new-tokens 256 --repeats 3 --disable-tqdm \
+                     --result-file "$OUT/spec-b1.json" ;;
         spec-host)
             for how in "--profiler none" "--profiler cprofile --top 45" "--profiler cprofile --sort cumtime --top 70" \
                        "--profiler timeline"; do
