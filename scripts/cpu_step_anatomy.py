@@ -37,9 +37,13 @@ def decode_metadata(position: int) -> AttentionMetadata:
         max_seq_len=position + 1, query_start_loc_cpu=[0, 1], seq_lens_cpu=[position + 1])
 
 
+def warm_up_calls(steps: int) -> int:
+    return max(1, steps // 10)
+
+
 def timed(fn, steps: int) -> float:  # noqa: ANN001
-    """Mean ms of fn() over `steps` calls, after a tenth as many warm-up calls."""
-    for _ in range(max(1, steps // 10)):
+    """Mean ms of fn() over `steps` calls, after warm_up_calls(steps) unmeasured ones."""
+    for _ in range(warm_up_calls(steps)):
         fn()
     start = time.perf_counter()
     for _ in range(steps):
@@ -48,18 +52,21 @@ def timed(fn, steps: int) -> float:  # noqa: ANN001
 
 
 def by_module(model: torch.nn.Module, step, steps: int) -> dict[str, float]:  # noqa: ANN001
-    """Inclusive ms a step per module class, with a timer hooked around every module."""
+    """Inclusive ms a step per module class, with a timer hooked around every module (removed afterwards)."""
     totals: dict[str, float] = collections.defaultdict(float)
     started: dict[int, float] = {}
+    hooks = []
     for module in model.modules():
         name = type(module).__name__
-        module.register_forward_pre_hook(lambda m, args: started.__setitem__(id(m), time.perf_counter()))
-        module.register_forward_hook(
+        hooks.append(module.register_forward_pre_hook(lambda m, args: started.__setitem__(id(m), time.perf_counter())))
+        hooks.append(module.register_forward_hook(
             lambda m, args, out, name=name: totals.__setitem__(name, totals[name] + time.perf_counter()
-                                                                 - started[id(m)]))
+                                                                 - started[id(m)])))
     timed(step, steps)
-    warm = max(1, steps // 10)
-    return {name: 1000 * total / (steps + warm) for name, total in sorted(totals.items(), key=lambda t: -t[1])}
+    for hook in hooks:
+        hook.remove()
+    calls = steps + warm_up_calls(steps)  # the hooks saw the warm-up calls too
+    return {name: 1000 * total / calls for name, total in sorted(totals.items(), key=lambda t: -t[1])}
 
 
 def matmul_paths(model: torch.nn.Module, steps: int) -> dict[str, float]:

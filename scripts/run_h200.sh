@@ -76,6 +76,11 @@ run() {  # run NAME CMD...: tee the output to $OUT/NAME.log, remember a failure
     echo "=== $name took $((SECONDS - start)) s"
 }
 
+spec_big() {  # spec_big NAME REPEATS TIMEOUT: n-gram and the draft model against off at 128 and 256 rows
+    run "$1" timeout "$3" python -m lamina.bench.spec --methods ngram,draft_model --prompt-sets "" \
+        --batch-sizes 128,256 --concurrency "" --new-tokens 512 --repeats "$2" --disable-tqdm --result-file "$OUT/$1.json"
+}
+
 offline() {  # offline NAME WORKLOAD SHAPE PEER
     run "$1" python -m lamina.bench.offline --workload "$2" --shape "$3" --peer "$4" --result-file "$OUT/$1.json"
 }
@@ -190,22 +195,17 @@ for step in "$@"; do
         spec-tree-f32) run spec-tree-f32 timeout 200 env PYTHONPATH=. python scripts/spec_draft_sampling_check.py \
                            --engines off,self_tree,draft_model_tree,medusa_tree --dtype float32 \
                            --result-file "$OUT/spec-tree-f32.json" ;;
-        spec-big) run spec-big timeout 130 python -m lamina.bench.spec --methods ngram,draft_model --prompt-sets "" \
-                      --batch-sizes 128,256 --concurrency "" --new-tokens 512 --repeats 3 --disable-tqdm \
-                      --result-file "$OUT/spec-big.json" ;;
-        spec-big-stalls) run spec-big-stalls timeout 420 python -m lamina.bench.spec --methods ngram,draft_model \
-                             --prompt-sets "" --batch-sizes 128,256 --concurrency "" --new-tokens 512 --repeats 5 \
-                             --disable-tqdm --result-file "$OUT/spec-big-stalls.json" ;;
+        spec-big) spec_big spec-big 3 130 ;;
+        spec-big-stalls) spec_big spec-big-stalls 5 420 ;;
         spec-b1) run spec-b1 timeout 400 python -m lamina.bench.spec --methods ngram,draft_model,draft_model-fixed@3 \
                      --batch-sizes "" --concurrency "" --new-tokens 256 --repeats 3 --disable-tqdm \
                      --result-file "$OUT/spec-b1.json" ;;
         spec-host)
-            for how in "--profiler none" "--profiler cprofile --top 45" "--profiler cprofile --sort cumtime --top 70" \
-                       "--profiler timeline"; do
-                name=spec-host-$(echo "$how" | tr -d '-' | tr ' ' '-' | cut -c1-30)
-                run "$name" timeout 150 env PYTHONPATH=. python scripts/profile_spec.py --methods draft_model-fixed@3 \
-                    --new-tokens 512 $how
-            done ;;
+            host="timeout 150 env PYTHONPATH=. python scripts/profile_spec.py --methods draft_model-fixed@3 --new-tokens 512"
+            run spec-host-profiler-none $host --profiler none
+            run spec-host-profiler-cprofile-top-45 $host --profiler cprofile --top 45
+            run spec-host-profiler-cprofile-sort-cumtime $host --profiler cprofile --sort cumtime --top 70
+            run spec-host-profiler-timeline $host --profiler timeline ;;
         *) echo "unknown step: $step"; status=2 ;;
     esac
 done
