@@ -56,8 +56,10 @@
 #         spec-big       lamina.bench.spec: n-gram and the draft model (adaptive) against off at 128 and 256 rows,
 #                        512 tokens a request (the never-slower bar in a steady state)
 #         spec-big-stalls  the same rows, 5 repeats, each with its stalls and garbage collections (lamina/bench/stalls.py)
+#         spec-big-6     the same rows, 6 repeats: each engine runs first in two of them (the bench's turns)
 #         spec-b1        lamina.bench.spec, batch 1 on the prompt sets only: n-gram (default), the draft model (default
 #                        and k = 3 fixed), 256 tokens, 3 repeats (the batch-1 bar)
+#         spec-b1-plain  scripts/profile_spec.py on the default draft model and n-gram at batch 1: step times by kind
 #         spec-host      scripts/profile_spec.py on the draft model's k = 3 chain at batch 1: step times, cProfile by own
 #                        and by cumulative time, the device's timeline (where a verify step's host time goes)
 set -u
@@ -197,9 +199,12 @@ for step in "$@"; do
                            --result-file "$OUT/spec-tree-f32.json" ;;
         spec-big) spec_big spec-big 3 130 ;;
         spec-big-stalls) spec_big spec-big-stalls 5 420 ;;
+        spec-big-6) spec_big spec-big-6 6 480 ;;
         spec-b1) run spec-b1 timeout 400 python -m lamina.bench.spec --methods ngram,draft_model,draft_model-fixed@3 \
                      --batch-sizes "" --concurrency "" --new-tokens 256 --repeats 3 --disable-tqdm \
                      --result-file "$OUT/spec-b1.json" ;;
+        spec-b1-plain) run spec-b1-plain timeout 150 env PYTHONPATH=. python scripts/profile_spec.py \
+                           --methods draft_model,ngram --new-tokens 512 --profiler none ;;
         spec-host)
             host="timeout 150 env PYTHONPATH=. python scripts/profile_spec.py --methods draft_model-fixed@3 --new-tokens 512"
             run spec-host-profiler-none $host --profiler none

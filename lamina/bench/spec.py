@@ -11,8 +11,9 @@ prompts (the sets' prompts in turn, seeded) submitted together at temperature 0.
 for (the last ones finish with few rows beside them). Concurrency: a closed loop of 3C requests with C in
 flight, output lengths uniform in [new_tokens / 2, 3 new_tokens / 2], measured while the batch is full
 (lamina/bench/concurrency.py): the steady rate at batch size C, as a server under load sees it. All engines
-(off, then each method, with their default arguments) live at once and take turns on every row, `--repeats`
-times; the median is reported (the host's noise moved single batch-1 figures by up to 2x on the H200).
+(off and each method, with their default arguments) live at once and take turns on every row, `--repeats`
+times, each repeat starting with the next engine; the median is reported (the host's noise moved single batch-1
+figures by up to 2x on the H200).
 A progress bar counts every generated token; at the end it prints the tables and writes JSON.
 """
 from __future__ import annotations
@@ -165,7 +166,8 @@ def run(model_dir: str, methods: list[str], k: int | None, new_tokens: int, batc
         disable_progress: bool = False, prompt_sets: list[str] | None = None,
         concurrency: Sequence[int] = ()) -> dict:
     """Every engine is built first; then each row is measured `repeats` times, the engines taking turns within
-    each repeat (so that a slow spell of the host hits them all), and the median is kept."""
+    each repeat (so that a slow spell of the host hits them all; each repeat starts with the next engine, so that
+    none always runs right after the same one), and the median is kept."""
     from tqdm.auto import tqdm
 
     labels = ["off", *methods]
@@ -179,9 +181,9 @@ def run(model_dir: str, methods: list[str], k: int | None, new_tokens: int, batc
     per_engine = (batch_one + sum(batch_sizes) + (CLOSED_LOOP_REQUESTS - 1) * sum(concurrency)) * new_tokens
     bar = tqdm(total=repeats * len(labels) * per_engine, desc="spec", unit="tok", disable=disable_progress)
     measured = {label: [[] for _ in rows] for label in labels}
-    for _ in range(repeats):
+    for repeat in range(repeats):
         for i, (_, workload) in enumerate(rows):
-            for label, llm in engines.items():
+            for label, llm in turns(list(engines.items()), repeat):
                 measured[label][i].append(_timed(llm, workload, bar))
     bar.close()
     results = {}
@@ -194,6 +196,12 @@ def run(model_dir: str, methods: list[str], k: int | None, new_tokens: int, batc
     return {"workload": "speculative decoding: batch 1 per prompt set, throughput by batch size and by concurrency",
             "model": model_dir, "new_tokens": new_tokens, "repeats": repeats, "speculative_configs": configs,
             "engine_args": engine_args, "device": _device_name(), **run_info(), "results": results}
+
+
+def turns(engines: list, repeat: int) -> list:
+    """The engines' order in repeat `repeat` (from 0): each repeat starts with the next engine."""
+    shift = repeat % len(engines)
+    return engines[shift:] + engines[:shift]
 
 
 def _gate_state(llm: LLM) -> dict:

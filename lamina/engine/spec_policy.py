@@ -170,8 +170,10 @@ class SpecPolicy:
     def observe_scheduled(self, scheduled: SchedulerOutput, seconds: float) -> None:
         """observe_step for a scheduler output: its tokens as the device computes them, prompt or not."""
         counts = list(scheduled.num_scheduled_tokens.values())
-        drafts = scheduled.scheduled_spec_decode_tokens
-        has_prompt = any(n > 1 + len(drafts.get(r, ())) for r, n in scheduled.num_scheduled_tokens.items())
+        num_drafts = sum(map(len, scheduled.scheduled_spec_decode_tokens.values()))
+        # a row computes at least its drafts and the token before them, so some row has prompt tokens (more than
+        # that) exactly when the step has more tokens than rows and drafts: O(1) where a row's test was O(rows)
+        has_prompt = sum(counts) > len(counts) + num_drafts
         self.observe_step(self.step_tokens(counts), seconds, has_prompt)
 
     def observe_drafting(self, num_requests: int, seconds: float) -> None:

@@ -137,8 +137,12 @@ class Speculator:
         self._step_plain, self._next_plain = self._next_plain, self._plain()
         # one step of the policy's pause passes (a plain window of the gate's leaves the pause as it is)
         resting = self.policy is not None and (self._plain() or self._rest.resting())
-        if self.proposer is not None and resting:
-            return  # nobody drafts: spec_token_ids are empty (settled after the last verify step)
+        worker_drafts = self.proposer is None and bool(scheduled.scheduled_spec_decode_tokens or result.num_drafts)
+        if resting and not worker_drafts and (self.proposer is not None or self._plain()):
+            # nobody drafts (spec_token_ids were settled after the last verify step), and no per-request work:
+            # a plain window's steps cost what the engine's without speculation do. (A worker-side proposer's
+            # steps in the policy's own pause still sample the cost model: they are its plain steps.)
+            return
         self._observe_next = self.policy is not None and not result.num_compiles  # a compiling step is no sample
         start = time.perf_counter()
         if self.proposer is not None:
@@ -149,9 +153,10 @@ class Speculator:
                 self._decision_seconds = time.perf_counter() - start
                 self.policy.observe_drafting(len(running), self._decision_seconds)
                 self._rest.decided(verdict, self._decision_share)
-        elif scheduled.scheduled_spec_decode_tokens or result.num_drafts:
+        elif worker_drafts:
             self._take_worker_drafts(result, running)
-        self.has_drafts = any(r.spec_token_ids for r in running)
+        # drafts are set above only (else they were settled after the last verify step): no O(rows) scan otherwise
+        self.has_drafts = (self.proposer is not None or worker_drafts) and any(r.spec_token_ids for r in running)
         self.stats.draft_seconds += time.perf_counter() - start
 
     def after_step(self, scheduled: SchedulerOutput, step_seconds: float) -> None:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from lamina.bench.spec import PROMPT_SETS, TEMPERATURES, main
+from lamina.bench.spec import PROMPT_SETS, TEMPERATURES, main, turns
 from lamina.config import DEFAULT_SPEC_TOKENS
 from tests.helpers.tiny_models import make_tiny_model
 from tests.helpers.tiny_tokenizer import save_tiny_tokenizer
@@ -62,3 +62,9 @@ def test_spec_bench_rejects_an_unknown_name(flag, capsys):
     with pytest.raises(SystemExit):
         main([*flag, "--disable-tqdm"])
     assert flag[0] in capsys.readouterr().err
+
+
+def test_each_repeat_starts_with_the_next_engine():
+    """No engine always runs first, or right after the same one (a host that slows after one engine's turn)."""
+    assert [turns(["off", "ngram", "draft"], r) for r in range(4)] == [
+        ["off", "ngram", "draft"], ["ngram", "draft", "off"], ["draft", "off", "ngram"], ["off", "ngram", "draft"]]

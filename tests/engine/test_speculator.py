@@ -5,6 +5,7 @@ import time
 
 from lamina import LLM, SamplingParams
 from lamina.engine.drafts import Verdict
+from lamina.engine.spec_gate import MAX_GAP, Arm, BucketState
 from lamina.engine.speculator import DECISION_BUDGET, MATCH_MAX_REST, MAX_REST, Rest
 from tests.helpers.tiny_models import make_tiny_model
 
@@ -105,6 +106,31 @@ def test_a_worker_side_proposer_is_asked_again_after_each_pause(tmp_path) -> Non
     kinds = [step.kind for step in llm.engine.step_log]
     assert "decode ahead" in kinds and kinds.count("decode") + kinds.count("verify") >= 4  # paused, then asked
     llm.engine.check_integrity()
+
+
+def test_a_plain_window_costs_a_worker_side_proposer_no_per_step_work(tmp_path) -> None:
+    """While the gate runs speculation's plain arm, a draft model's speculator makes no decision and samples no
+    step cost (its per-step work was O(rows): 4-7 % of a 128-row step on a slow GPU host): with the gate's
+    bucket led by PLAIN from the start, the policy's cost model sees only the steps before the first window
+    began, the steps run launched ahead, and the output is the plain engine's."""
+    model = make_tiny_model("llama", tmp_path / "m", vocab_size=320)
+    params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    prompts = [{"prompt_token_ids": [5, 6, 7, 8]}, {"prompt_token_ids": [9, 10, 11]}]
+    want = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64).generate(prompts, params, use_tqdm=False)
+    llm = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64,
+              speculative_config={"method": "draft_model", "model": str(model), "num_speculative_tokens": 2})
+    engine = llm.engine
+    engine.speculator.gate.buckets[2] = BucketState(leader=Arm.PLAIN, gap=MAX_GAP)  # no probe within 60 steps
+    observed: list[float] = []
+    observe = engine.speculator.policy.observe_scheduled
+    engine.speculator.policy.observe_scheduled = lambda scheduled, seconds: (observed.append(seconds),
+                                                                              observe(scheduled, seconds))
+    engine.step_log = []
+    got = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    kinds = [step.kind for step in engine.step_log]
+    assert kinds.count("decode ahead") >= 50 and len(observed) <= 3, (kinds, len(observed))
+    engine.check_integrity()
 
 
 class _SometimesRight:
