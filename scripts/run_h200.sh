@@ -59,6 +59,9 @@
 #         spec-big-6     the same rows, 6 repeats: each engine runs first in two of them (the bench's turns)
 #         spec-b1        lamina.bench.spec, batch 1 on the prompt sets only: n-gram (default), the draft model (default
 #                        and k = 3 fixed), 256 tokens, 3 repeats (the batch-1 bar)
+#         spec-big-control  the same rows, 8 repeats, with a second engine without speculation built last
+#                        (lamina.bench.spec's control: the noise floor of the paired ratios)
+#         spec-b1-control  batch 1 on the prompt sets: control, n-gram and the draft model (defaults), 4 repeats
 #         spec-b1-plain  scripts/profile_spec.py on the default draft model and n-gram at batch 1: step times by kind
 #         spec-host      scripts/profile_spec.py on the draft model's k = 3 chain at batch 1: step times, cProfile by own
 #                        and by cumulative time, the device's timeline (where a verify step's host time goes)
@@ -78,8 +81,8 @@ run() {  # run NAME CMD...: tee the output to $OUT/NAME.log, remember a failure
     echo "=== $name took $((SECONDS - start)) s"
 }
 
-spec_big() {  # spec_big NAME REPEATS TIMEOUT: n-gram and the draft model against off at 128 and 256 rows
-    run "$1" timeout "$3" python -m lamina.bench.spec --methods ngram,draft_model --prompt-sets "" \
+spec_big() {  # spec_big NAME REPEATS TIMEOUT [METHODS]: n-gram and the draft model against off at 128 and 256 rows
+    run "$1" timeout "$3" python -m lamina.bench.spec --methods "${4:-ngram,draft_model}" --prompt-sets "" \
         --batch-sizes 128,256 --concurrency "" --new-tokens 512 --repeats "$2" --disable-tqdm --result-file "$OUT/$1.json"
 }
 
@@ -200,6 +203,10 @@ for step in "$@"; do
         spec-big) spec_big spec-big 3 130 ;;
         spec-big-stalls) spec_big spec-big-stalls 5 420 ;;
         spec-big-6) spec_big spec-big-6 6 480 ;;
+        spec-big-control) spec_big spec-big-control 8 540 control,ngram,draft_model ;;
+        spec-b1-control) run spec-b1-control timeout 400 python -m lamina.bench.spec --methods control,ngram,draft_model \
+                             --batch-sizes "" --concurrency "" --new-tokens 256 --repeats 4 --disable-tqdm \
+                             --result-file "$OUT/spec-b1-control.json" ;;
         spec-b1) run spec-b1 timeout 400 python -m lamina.bench.spec --methods ngram,draft_model,draft_model-fixed@3 \
                      --batch-sizes "" --concurrency "" --new-tokens 256 --repeats 3 --disable-tqdm \
                      --result-file "$OUT/spec-b1.json" ;;

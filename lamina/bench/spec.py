@@ -53,6 +53,9 @@ TREE = "+tree"  # a label suffix: tree drafts of BENCH_TREE's shape
 # three candidates for the next token, two after the first, one after the second, and the main chain to depth 3
 # (7 nodes, lamina/spec/draft_tree.py)
 BENCH_TREE = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0))
+# a label: a second engine without speculation, built after the others; its ratio to off is the method's own noise
+# floor (engines in one process, taking turns, on the same host)
+CONTROL = "control"
 CLOSED_LOOP_REQUESTS = 3  # a concurrency row's requests, per request in flight
 Workload = Callable[[LLM], tuple[int, float]]  # runs one row on an engine: (tokens, seconds)
 DEMO_MODELS = {"draft_model": DEMO_DRAFT, "medusa": DEMO_MEDUSA, "eagle": DEMO_EAGLE}  # the shipped checkpoints
@@ -171,8 +174,11 @@ def run(model_dir: str, methods: list[str], k: int | None, new_tokens: int, batc
     from tqdm.auto import tqdm
 
     labels = ["off", *methods]
-    configs = {label: None if label == "off" else spec_config(label, k, models) for label in labels}
-    engines = {label: LLM(model=model_dir, speculative_config=configs[label], **engine_args) for label in labels}
+    configs = {label: None if label in ("off", CONTROL) else spec_config(label, k, models) for label in labels}
+    built = sorted(labels, key=lambda label: label == CONTROL)  # the control last: if a later engine ran slower
+    # for being built later, the control shows it
+    engines = {label: LLM(model=model_dir, speculative_config=configs[label], **engine_args) for label in built}
+    engines = {label: engines[label] for label in labels}
     warm_up = [p for prompts in PROMPT_SETS.values() for p in prompts]  # every prompt length's kernels
     for llm in engines.values():
         llm.generate(warm_up, SamplingParams(max_tokens=8), use_tqdm=False)
@@ -264,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = cpu_bench_parser(__doc__)
     parser.add_argument("--methods", default="ngram",
                         help=f"comma-separated, of {', '.join(METHODS)}; METHOD{FIXED}: with k fixed (no policy); "
-                             "either with @K: num_speculative_tokens K (ngram@7)")
+                             f"either with @K: num_speculative_tokens K (ngram@7); {CONTROL}: a second engine "
+                             "without speculation, built last (the paired ratios' noise floor)")
     parser.add_argument("--k", type=int, default=None, help="num_speculative_tokens (default: each method's own)")
     parser.add_argument("--batch-sizes", default="1,8,32", help="throughput rows (comma-separated)")
     parser.add_argument("--concurrency", default="8,32",
@@ -279,11 +286,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="per engine (all engines live at once; default on CUDA: 4 GiB each)")
     args = parser.parse_args(argv)
     methods = _csv(args.methods, str)
-    unknown = sorted(m for m in methods if m.partition("@")[0].removesuffix(TREE).removesuffix(FIXED) not in METHODS
-                     or not (m.partition("@")[2] or "3").isdigit())
+    unknown = sorted(m for m in methods if m != CONTROL and (
+        m.partition("@")[0].removesuffix(TREE).removesuffix(FIXED) not in METHODS
+        or not (m.partition("@")[2] or "3").isdigit()))
     if unknown:
         parser.error(f"--methods: unknown {unknown}; allowed: {list(METHODS)}, each optionally with {FIXED}, "
-                     f"then {TREE}, then @K")
+                     f"then {TREE}, then @K; or {CONTROL} (a second engine without speculation)")
     prompt_sets = _csv(args.prompt_sets, str)
     if unknown_sets := sorted(set(prompt_sets) - PROMPT_SETS.keys()):
         parser.error(f"--prompt-sets: unknown {unknown_sets}; allowed: {list(PROMPT_SETS)}")

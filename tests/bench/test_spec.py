@@ -43,12 +43,16 @@ NGRAM_K = DEFAULT_SPEC_TOKENS["ngram"]
 
 
 def test_spec_bench_runs_the_prompt_sets_asked(tmp_path):
+    """Only the rows asked; `control` is a second engine without speculation (the paired ratios' noise floor)."""
     model = make_tiny_model("llama", tmp_path / "m", vocab_size=320)
     save_tiny_tokenizer(model, vocab_size=300)
     result = tmp_path / "spec.json"
     assert main(["--model", str(model), "--new-tokens", "4", "--batch-sizes", "2", "--concurrency", "", "--repeats",
-                 "1", "--prompt-sets", "", "--disable-tqdm", "--result-file", str(result)]) == 0
-    results = json.loads(result.read_text())["results"]
+                 "1", "--prompt-sets", "", "--methods", "ngram,control", "--disable-tqdm",
+                 "--result-file", str(result)]) == 0
+    report = json.loads(result.read_text())
+    results = report["results"]
+    assert list(results) == ["off", "ngram", "control"] and report["speculative_configs"]["control"] is None
     assert all(not r["batch_one"] and [t["batch_size"] for t in r["throughput"]] == [2] and not r["concurrency"]
                for r in results.values())
     assert main(["--model", str(model), "--new-tokens", "4", "--batch-sizes", "", "--concurrency", "", "--repeats",
