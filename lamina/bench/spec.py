@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -56,6 +57,7 @@ BENCH_TREE = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0))
 # a label: a second engine without speculation, built after the others; its ratio to off is the method's own noise
 # floor (engines in one process, taking turns, on the same host)
 CONTROL = "control"
+PLAIN_STEP = "decode ahead"  # the step kind (lamina.engine.stats.StepStats) of a plain step launched ahead
 CLOSED_LOOP_REQUESTS = 3  # a concurrency row's requests, per request in flight
 Workload = Callable[[LLM], tuple[int, float]]  # runs one row on an engine: (tokens, seconds)
 DEMO_MODELS = {"draft_model": DEMO_DRAFT, "medusa": DEMO_MEDUSA, "eagle": DEMO_EAGLE}  # the shipped checkpoints
@@ -89,12 +91,15 @@ def _counted(llm: LLM, run: Workload) -> tuple[int, float, SpecDecodeStats, Spec
 
 
 def _step_fields(steps: list) -> dict:
-    """Mean wall time per step of each kind (prefill, decode, verify), in ms, and how many. The run's time outside
-    them (`outside_steps_ms`) holds the decisions on drafts (`draft_ms`), adding requests and the output loop."""
+    """Mean and median wall time per step of each kind (prefill, decode, verify), in ms, and how many. The run's
+    time outside them (`outside_steps_ms`) holds the decisions on drafts (`draft_ms`), adding requests and the
+    output loop. The medians of two engines' plain steps compare their per-step cost without a slow spell's
+    steps (the means hold them)."""
     kinds: dict[str, list[float]] = {}
     for step in steps:
         kinds.setdefault(step.kind, []).append(step.seconds)
     return {"step_ms": {kind: 1000 * sum(s) / len(s) for kind, s in kinds.items()},
+            "step_ms_median": {kind: 1000 * statistics.median(s) for kind, s in kinds.items()},
             "steps": {kind: len(s) for kind, s in kinds.items()}}
 
 
@@ -157,10 +162,11 @@ def workloads(new_tokens: int, batch_sizes: list[int], prompt_sets: list[str] | 
 
 
 def _median_row(key: dict, measured: list[dict]) -> dict:
-    """The measurement of median tok/s among the repeats (its own counters), with every repeat's tok/s and where
-    each one stalled."""
+    """The measurement of median tok/s among the repeats (its own counters), with every repeat's tok/s, median
+    step times and where each one stalled."""
     ordered = sorted(measured, key=lambda m: m["tok_s"])
     return {**key, **ordered[len(ordered) // 2], "tok_s_repeats": [m["tok_s"] for m in measured],
+            "step_ms_median_repeats": [m["step_ms_median"] for m in measured],
             "stalls_repeats": [{name: m[name] for name in stalls.FIELDS} for m in measured]}
 
 
@@ -241,6 +247,8 @@ def print_tables(report: dict) -> None:
                       f"({_paired(row, base):.2f}x) {row['acceptance_rate']:11.2f} {row['outside_steps_ms']:9.1f} "
                       f"({row['draft_ms']:.1f})  {_kinds(row)}")
                 print(f"    repeats: {_repeats(row)}")
+                if (plain := _plain_step_ratio(row, base)) is not None:
+                    print(f"    a plain step (decode ahead, each repeat's median) against off's: {plain:.3f}x the time")
         if section == "throughput" and any(result.get("concurrency") for result in results.values()):
             print("concurrency (closed loop, the batch kept full): method  in flight  tok/s  vs off (paired)  ...")
 
@@ -250,6 +258,15 @@ def _paired(row: dict, base: dict) -> float:
     host hits both of one repeat)."""
     ratios = sorted(a / b for a, b in zip(row["tok_s_repeats"], base["tok_s_repeats"]))
     return ratios[len(ratios) // 2]
+
+
+def _plain_step_ratio(row: dict, base: dict) -> float | None:
+    """The median over repeats of the ratio of the two engines' median plain step (launched ahead): what a step
+    costs the engine with speculation on while it does not speculate, against off. None without such steps."""
+    ratios = sorted(a[PLAIN_STEP] / b[PLAIN_STEP] for a, b in zip(row["step_ms_median_repeats"],
+                                                                  base["step_ms_median_repeats"])
+                    if PLAIN_STEP in a and PLAIN_STEP in b)
+    return ratios[len(ratios) // 2] if ratios else None
 
 
 def _repeats(row: dict) -> str:

@@ -32,11 +32,13 @@ def test_spec_bench_writes_rows_for_every_engine(tmp_path, capsys):
             assert label == "ngram" or row["tokens_per_verify_step"] == 0
             assert len(row["tok_s_repeats"]) == 2 and row["tok_s"] in row["tok_s_repeats"]
             assert len(row["stalls_repeats"]) == 2 and row["stall_steps"] >= 0 and row["gc_ms"] >= 0
+            assert len(row["step_ms_median_repeats"]) == 2 and row["step_ms_median"].keys() == row["step_ms"].keys()
+            assert all(ms > 0 for ms in row["step_ms_median"].values())
             assert all(r["slowest_step_ms"] > 0 for r in row["stalls_repeats"])
             assert row["draft_ms"] >= 0 and (label == "ngram" or row["draft_ms"] == 0)
             assert label == "ngram" or row["plain_steps"] == 0
     out = capsys.readouterr().out
-    assert "speed-up" in out and "closed loop" in out and "repeats:" in out
+    assert "speed-up" in out and "closed loop" in out and "repeats:" in out and "a plain step" in out
 
 
 NGRAM_K = DEFAULT_SPEC_TOKENS["ngram"]
