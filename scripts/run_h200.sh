@@ -61,7 +61,7 @@
 #                        and k = 3 fixed), 256 tokens, 3 repeats (the batch-1 bar)
 #         spec-big-control  the same rows, 8 repeats, with a second engine without speculation built last
 #                        (lamina.bench.spec's control: the noise floor of the paired ratios)
-#         spec-big-precise  128 and 256 rows with the control, 256 tokens, 24 repeats (a paired ratio to ~1 %)
+#         spec-big-precise  8, 32, 128 and 256 rows with the control, 256 tokens, 24 repeats
 #         spec-b1-control  batch 1 on the prompt sets: control, n-gram and the draft model (defaults), 4 repeats
 #         spec-b1-plain  scripts/profile_spec.py on the default draft model and n-gram at batch 1: step times by kind
 #         spec-host      scripts/profile_spec.py on the draft model's k = 3 chain at batch 1: step times, cProfile by own
@@ -206,7 +206,7 @@ for step in "$@"; do
         spec-big-6) spec_big spec-big-6 6 480 ;;
         spec-big-control) spec_big spec-big-control 8 540 control,ngram,draft_model ;;
         spec-big-precise) run spec-big-precise timeout 560 python -m lamina.bench.spec \
-                              --methods control,ngram,draft_model --prompt-sets "" --batch-sizes 128,256 \
+                              --methods control,ngram,draft_model --prompt-sets "" --batch-sizes 8,32,128,256 \
                               --concurrency "" --new-tokens 256 --repeats 24 --disable-tqdm \
                               --result-file "$OUT/spec-big-precise.json" ;;
         spec-b1-control) run spec-b1-control timeout 400 python -m lamina.bench.spec --methods control,ngram,draft_model \
