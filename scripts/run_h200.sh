@@ -62,7 +62,7 @@
 #         spec-big-control  the same rows, 8 repeats, with a second engine without speculation built last
 #                        (lamina.bench.spec's control: the noise floor of the paired ratios)
 #         spec-big-precise  8, 32, 128 and 256 rows with the control, 256 tokens, 24 repeats
-#         spec-b1-control  batch 1 on the prompt sets: control, n-gram and the draft model (defaults), 4 repeats
+#         spec-b1-control  batch 1 on the prompt sets: control, n-gram and the draft model (defaults), 8 repeats
 #         spec-b1-plain  scripts/profile_spec.py on the default draft model and n-gram at batch 1: step times by kind
 #         spec-host      scripts/profile_spec.py on the draft model's k = 3 chain at batch 1: step times, cProfile by own
 #                        and by cumulative time, the device's timeline (where a verify step's host time goes)
@@ -210,7 +210,7 @@ for step in "$@"; do
                               --concurrency "" --new-tokens 256 --repeats 24 --disable-tqdm \
                               --result-file "$OUT/spec-big-precise.json" ;;
         spec-b1-control) run spec-b1-control timeout 400 python -m lamina.bench.spec --methods control,ngram,draft_model \
-                             --batch-sizes "" --concurrency "" --new-tokens 256 --repeats 4 --disable-tqdm \
+                             --batch-sizes "" --concurrency "" --new-tokens 256 --repeats 8 --disable-tqdm \
                              --result-file "$OUT/spec-b1-control.json" ;;
         spec-b1) run spec-b1 timeout 400 python -m lamina.bench.spec --methods ngram,draft_model,draft_model-fixed@3 \
                      --batch-sizes "" --concurrency "" --new-tokens 256 --repeats 3 --disable-tqdm \
