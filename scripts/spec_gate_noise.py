@@ -1,0 +1,54 @@
+"""How often the speculation gate runs its slower arm when every window's rate is noisy (issue #12: never slower).
+
+    PYTHONPATH=. python scripts/spec_gate_noise.py [--windows 2000] [--seeds 20]
+
+A simulation of lamina.engine.spec_gate.SpecGate alone, on one batch bucket: speculation runs at `ratio` of the
+plain arm's rate, and each window's rate is multiplied by a factor drawn uniformly from [1 - noise, 1 + noise] (a
+host whose speed moves between windows, as the H100 / H200 hosts' did by 7-16 % a repeat). Prints, for each
+ratio and noise, the share of windows run with speculation and the throughput against an engine without
+speculation on the same host (the same noise draws).
+"""
+from __future__ import annotations
+
+import argparse
+import random
+
+from lamina.engine.spec_gate import SpecGate
+
+RATIOS = (0.90, 0.95, 0.97, 1.00, 1.03, 1.05, 1.10, 1.20)
+NOISES = (0.0, 0.05, 0.10, 0.20)
+
+
+def simulate(ratio: float, noise: float, windows: int, seed: int) -> tuple[int, float]:
+    """(windows run with speculation, throughput against the plain engine's on the same host) for one seeded run."""
+    rng, gate = random.Random(seed), SpecGate()
+    spec_windows, seconds, plain_seconds = 0, 0.0, 0.0
+    for _ in range(windows):
+        spec = not gate.plain
+        spec_windows += spec
+        host = rng.uniform(1 - noise, 1 + noise)
+        rate = (ratio if spec else 1.0) * host
+        for _ in range(gate.window):
+            gate.observe(1, 1, 1 / rate, plain=not spec)
+            seconds, plain_seconds = seconds + 1 / rate, plain_seconds + 1 / host
+    return spec_windows, plain_seconds / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--windows", type=int, default=2000)
+    parser.add_argument("--seeds", type=int, default=20)
+    args = parser.parse_args()
+    print("spec/plain  " + "  ".join(f"noise {n:.2f}: spec share, rate" for n in NOISES))
+    for ratio in RATIOS:
+        cells = []
+        for noise in NOISES:
+            runs = [simulate(ratio, noise, args.windows, seed) for seed in range(args.seeds)]
+            share = sum(s for s, _ in runs) / (args.windows * args.seeds)
+            rate = sum(r for _, r in runs) / len(runs)
+            cells.append(f"{share:17.3f} {rate:5.3f}")
+        print(f"{ratio:10.2f}  " + "  ".join(cells))
+
+
+if __name__ == "__main__":
+    main()
