@@ -57,11 +57,11 @@
 #                        512 tokens a request (the never-slower bar in a steady state)
 #         spec-big-stalls  the same rows, 5 repeats, each with its stalls and garbage collections (lamina/bench/stalls.py)
 #         spec-big-6     the same rows, 6 repeats: each engine runs first in two of them (the bench's turns)
-#         spec-b1        lamina.bench.spec, batch 1 on the prompt sets only: n-gram (default), the draft model (default
-#                        and k = 3 fixed), 256 tokens, 3 repeats (the batch-1 bar)
 #         spec-big-control  the same rows, 8 repeats, with a second engine without speculation built last
 #                        (lamina.bench.spec's control: the noise floor of the paired ratios)
 #         spec-big-precise  8, 32, 128 and 256 rows with the control, 256 tokens, 24 repeats
+#         spec-b1        lamina.bench.spec, batch 1 on the prompt sets only: n-gram (default), the draft model (default
+#                        and k = 3 fixed), 256 tokens, 3 repeats (the batch-1 bar)
 #         spec-b1-control  batch 1 on the prompt sets: control, n-gram and the draft model (defaults), 8 repeats
 #         spec-b1-plain  scripts/profile_spec.py on the default draft model and n-gram at batch 1: step times by kind
 #         spec-host      scripts/profile_spec.py on the draft model's k = 3 chain at batch 1: step times, cProfile by own

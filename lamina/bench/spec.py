@@ -54,8 +54,8 @@ TREE = "+tree"  # a label suffix: tree drafts of BENCH_TREE's shape
 # three candidates for the next token, two after the first, one after the second, and the main chain to depth 3
 # (7 nodes, lamina/spec/draft_tree.py)
 BENCH_TREE = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0))
-# a label: a second engine without speculation, built after the others; its ratio to off is the method's own noise
-# floor (engines in one process, taking turns, on the same host)
+# a label: a second engine without speculation, built after the others; its ratio to off is the noise floor of every
+# paired ratio of the run (the same engine, in the same process, taking the same turns on the same host)
 CONTROL = "control"
 PLAIN_STEP = "decode ahead"  # the step kind (lamina.engine.stats.StepStats) of a plain step launched ahead
 CLOSED_LOOP_REQUESTS = 3  # a concurrency row's requests, per request in flight

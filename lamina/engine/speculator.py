@@ -139,9 +139,9 @@ class Speculator:
         resting = self.policy is not None and (self._plain() or self._rest.resting())
         worker_drafts = self.proposer is None and bool(scheduled.scheduled_spec_decode_tokens or result.num_drafts)
         if resting and not worker_drafts and (self.proposer is not None or self._plain()):
-            # nobody drafts (spec_token_ids were settled after the last verify step), and no per-request work:
-            # a plain window's steps cost what the engine's without speculation do. (A worker-side proposer's
-            # steps in the policy's own pause still sample the cost model: they are its plain steps.)
+            # nobody drafts (spec_token_ids were settled after the last verify step), and nothing is done per
+            # request: a plain window's step costs the gate's accounting alone. (A worker-side proposer's steps in
+            # the policy's own pause still sample the cost model: they are its plain steps.)
             return
         self._observe_next = self.policy is not None and not result.num_compiles  # a compiling step is no sample
         start = time.perf_counter()

@@ -110,9 +110,9 @@ def test_a_worker_side_proposer_is_asked_again_after_each_pause(tmp_path) -> Non
 
 def test_a_plain_window_costs_a_worker_side_proposer_no_per_step_work(tmp_path) -> None:
     """While the gate runs speculation's plain arm, a draft model's speculator makes no decision and samples no
-    step cost (its per-step work was O(rows): 4-7 % of a 128-row step on a slow GPU host): with the gate's
-    bucket led by PLAIN from the start, the policy's cost model sees only the steps before the first window
-    began, the steps run launched ahead, and the output is the plain engine's."""
+    step cost (that work was O(rows) a step): with the gate's bucket led by PLAIN from the start, the policy's
+    cost model sees only the steps before the first window began, the steps run launched ahead, and the output is
+    the plain engine's."""
     model = make_tiny_model("llama", tmp_path / "m", vocab_size=320)
     params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
     prompts = [{"prompt_token_ids": [5, 6, 7, 8]}, {"prompt_token_ids": [9, 10, 11]}]
