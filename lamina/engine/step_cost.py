@@ -68,10 +68,17 @@ class StepCostModel:
     def points(self) -> tuple[np.ndarray, np.ndarray]:
         """The curve's (tokens, seconds) points, tokens increasing, seconds non-decreasing."""
         if self._curve is None:
-            xs, ys = self._fitted()
+            xs, ys, _ = self._scalar_curve()
             self._curve = np.array(xs, dtype=np.float64), np.array(ys, dtype=np.float64)
-            self._scalar = xs, ys, _slope(xs, ys)
         return self._curve
+
+    def _scalar_curve(self) -> tuple[list[float], list[float], float]:
+        """The curve as lists and its slope above the last point: what a scalar cost needs, refitted after each
+        observed step without building arrays (the policy asks scalars every step)."""
+        if self._scalar is None:
+            xs, ys = self._fitted()
+            self._scalar = xs, ys, _slope(xs, ys)
+        return self._scalar
 
     def _fitted(self) -> tuple[list[float], list[float]]:
         """points() as lists, in plain Python (it runs after every observed step: no numpy on ~10 values)."""
@@ -94,9 +101,7 @@ class StepCostModel:
         the policy asks a few scalars every step, at ~25 us each through numpy)."""
         if not isinstance(num_tokens, (int, np.integer)):
             return _evaluate(*self.points(), num_tokens)
-        if self._scalar is None:
-            self.points()
-        return _evaluate_one(*self._scalar, int(num_tokens))
+        return _evaluate_one(*self._scalar_curve(), int(num_tokens))
 
 
 def _fit(points: list[tuple[float, float, int]]) -> tuple[list[float], list[float]]:
