@@ -85,19 +85,16 @@ def _counted(llm: LLM, run: Workload) -> tuple[int, float, SpecDecodeStats, Spec
     llm.engine.step_log = []
     with stalls.GcPauses() as pauses:
         tokens, seconds = run(llm)
-    steps, llm.engine.step_log = llm.engine.step_log, None
+    kinds, llm.engine.step_log = stalls.seconds_by_kind(llm.engine.step_log), None
     return (tokens, seconds, before, llm.engine.get_stats().snapshot().spec,
-            {**_step_fields(steps), **stalls.stall_fields(steps), **pauses.fields()})
+            {**_step_fields(kinds), **stalls.stall_fields(kinds), **pauses.fields()})
 
 
-def _step_fields(steps: list) -> dict:
+def _step_fields(kinds: dict[str, list[float]]) -> dict:
     """Mean and median wall time per step of each kind (prefill, decode, verify), in ms, and how many. The run's
     time outside them (`outside_steps_ms`) holds the decisions on drafts (`draft_ms`), adding requests and the
     output loop. The medians of two engines' plain steps compare their per-step cost without a slow spell's
-    steps (the means hold them)."""
-    kinds: dict[str, list[float]] = {}
-    for step in steps:
-        kinds.setdefault(step.kind, []).append(step.seconds)
+    steps (the means hold them). `kinds`: lamina.bench.stalls.seconds_by_kind of the run's steps."""
     return {"step_ms": {kind: 1000 * sum(s) / len(s) for kind, s in kinds.items()},
             "step_ms_median": {kind: 1000 * statistics.median(s) for kind, s in kinds.items()},
             "steps": {kind: len(s) for kind, s in kinds.items()}}
@@ -179,12 +176,10 @@ def run(model_dir: str, methods: list[str], k: int | None, new_tokens: int, batc
     none always runs right after the same one), and the median is kept."""
     from tqdm.auto import tqdm
 
-    labels = ["off", *methods]
+    # the control last: if an engine ran slower for being built later, the control shows it
+    labels = ["off", *(m for m in methods if m != CONTROL), *(m for m in methods if m == CONTROL)]
     configs = {label: None if label in ("off", CONTROL) else spec_config(label, k, models) for label in labels}
-    built = sorted(labels, key=lambda label: label == CONTROL)  # the control last: if a later engine ran slower
-    # for being built later, the control shows it
-    engines = {label: LLM(model=model_dir, speculative_config=configs[label], **engine_args) for label in built}
-    engines = {label: engines[label] for label in labels}
+    engines = {label: LLM(model=model_dir, speculative_config=configs[label], **engine_args) for label in labels}
     warm_up = [p for prompts in PROMPT_SETS.values() for p in prompts]  # every prompt length's kernels
     for llm in engines.values():
         llm.generate(warm_up, SamplingParams(max_tokens=8), use_tqdm=False)
@@ -194,8 +189,9 @@ def run(model_dir: str, methods: list[str], k: int | None, new_tokens: int, batc
     bar = tqdm(total=repeats * len(labels) * per_engine, desc="spec", unit="tok", disable=disable_progress)
     measured = {label: [[] for _ in rows] for label in labels}
     for repeat in range(repeats):
+        order = turns(list(engines.items()), repeat)
         for i, (_, workload) in enumerate(rows):
-            for label, llm in turns(list(engines.items()), repeat):
+            for label, llm in order:
                 measured[label][i].append(_timed(llm, workload, bar))
     bar.close()
     results = {}
@@ -256,17 +252,21 @@ def print_tables(report: dict) -> None:
 def _paired(row: dict, base: dict) -> float:
     """The median over repeats of the ratio within each repeat (the engines take turns, so a slow spell of the
     host hits both of one repeat)."""
-    ratios = sorted(a / b for a, b in zip(row["tok_s_repeats"], base["tok_s_repeats"]))
-    return ratios[len(ratios) // 2]
+    return _upper_median([a / b for a, b in zip(row["tok_s_repeats"], base["tok_s_repeats"])])
 
 
 def _plain_step_ratio(row: dict, base: dict) -> float | None:
     """The median over repeats of the ratio of the two engines' median plain step (launched ahead): what a step
     costs the engine with speculation on while it does not speculate, against off. None without such steps."""
-    ratios = sorted(a[PLAIN_STEP] / b[PLAIN_STEP] for a, b in zip(row["step_ms_median_repeats"],
-                                                                  base["step_ms_median_repeats"])
-                    if PLAIN_STEP in a and PLAIN_STEP in b)
-    return ratios[len(ratios) // 2] if ratios else None
+    ratios = [a[PLAIN_STEP] / b[PLAIN_STEP] for a, b in zip(row["step_ms_median_repeats"],
+                                                            base["step_ms_median_repeats"])
+              if PLAIN_STEP in a and PLAIN_STEP in b]
+    return _upper_median(ratios) if ratios else None
+
+
+def _upper_median(values: list[float]) -> float:
+    """The median of an odd count, the upper of the two middle values of an even one."""
+    return sorted(values)[len(values) // 2]
 
 
 def _repeats(row: dict) -> str:

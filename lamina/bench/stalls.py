@@ -51,12 +51,17 @@ class GcPauses:
                 "gc_full": sum(generation == 2 for generation, _ in self.collections)}
 
 
-def stall_fields(steps: Iterable) -> dict:  # steps: lamina.engine.stats.StepStats (kind, seconds)
-    """slowest_step_ms; stall_steps: the steps over STALL_FACTOR x their kind's median; stall_ms: their time beyond
-    that median."""
+def seconds_by_kind(steps: Iterable) -> dict[str, list[float]]:  # steps: lamina.engine.stats.StepStats
+    """Each step kind's (prefill, decode, decode ahead, verify) wall times, in seconds, in the steps' order."""
     by_kind: dict[str, list[float]] = {}
     for step in steps:
         by_kind.setdefault(step.kind, []).append(step.seconds)
+    return by_kind
+
+
+def stall_fields(by_kind: dict[str, list[float]]) -> dict:
+    """From seconds_by_kind: slowest_step_ms; stall_steps: the steps over STALL_FACTOR x their kind's median;
+    stall_ms: their time beyond that median."""
     stalls = []
     for seconds in by_kind.values():
         median = statistics.median(seconds)

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lamina.bench.stalls import FIELDS, STALL_FACTOR, GcPauses, stall_fields
+from lamina.bench.stalls import FIELDS, STALL_FACTOR, GcPauses, seconds_by_kind, stall_fields
 
 
 def _steps(kind: str, ms: list[float]) -> list[SimpleNamespace]:
@@ -15,7 +15,7 @@ def _steps(kind: str, ms: list[float]) -> list[SimpleNamespace]:
 
 def test_a_step_over_the_factor_of_its_kinds_median_is_a_stall():
     steps = _steps("decode ahead", [3.6, 3.7, 3.5, 41.0, 3.6]) + _steps("verify", [9.0, 9.5, 30.0])
-    fields = stall_fields(steps)
+    fields = stall_fields(seconds_by_kind(steps))
     # 41.0 is over 4 x 3.6; the verify steps' 30.0 is under 4 x 9.5
     assert fields["stall_steps"] == 1
     assert fields["stall_ms"] == pytest.approx(41.0 - 3.6)
@@ -24,7 +24,7 @@ def test_a_step_over_the_factor_of_its_kinds_median_is_a_stall():
 
 
 def test_no_steps_no_stalls():
-    assert stall_fields([]) == {"slowest_step_ms": 0.0, "stall_steps": 0, "stall_ms": 0.0}
+    assert stall_fields(seconds_by_kind([])) == {"slowest_step_ms": 0.0, "stall_steps": 0, "stall_ms": 0.0}
 
 
 def test_gc_pauses_records_the_collections_inside_the_block_only():
@@ -42,4 +42,4 @@ def test_gc_pauses_records_the_collections_inside_the_block_only():
 def test_fields_names_what_the_two_report():
     with GcPauses() as pauses:
         pass
-    assert set(stall_fields(_steps("decode", [1.0]))) | set(pauses.fields()) == set(FIELDS)
+    assert set(stall_fields(seconds_by_kind(_steps("decode", [1.0])))) | set(pauses.fields()) == set(FIELDS)
