@@ -17,8 +17,10 @@ A graph for tree drafts (q > 1) also carries TreeMask rows (lamina/attention/met
 ones for a batch without a tree; padding tokens see key 0.
 
 The attention metadata a graph sees has constant host fields (max_query_len=q, max_seq_len=max_model_len,
-b rows), so the Triton backend routes and sizes its launches the same way at capture and at every replay
-(q <= 8: the decode kernel, which reads each row's length from query_start_loc); only device tensors change.
+b rows, each of 1 to q tokens: min_query_len=1), so the Triton backend routes and sizes its launches the same way
+at capture and at every replay (q <= 8: the decode kernel, which reads each row's length from query_start_loc;
+q > 8: the prefill kernel for the rows of more than 8 tokens and the decode kernel for the others, each skipping
+the other's rows on the device); only device tensors change.
 Slots of no row are computed (garbage, row-wise independent) and never read. `EagerGraph` stands in for
 `torch.cuda.CUDAGraph` on CPU (capture = run once, replay = run again), so the buffer logic is tested without
 a GPU.
@@ -214,13 +216,14 @@ class StaticBuffers:
     def metadata(self, bucket: int, max_model_len: int) -> AttentionMetadata:
         """Views of the first `bucket` rows, with host fields that are the same at every replay (the host query
         starts say q tokens a row: only the torch reference backend would read them, and it is never
-        captured)."""
+        captured; the kernels' routing reads min_query_len)."""
         q = self.query_len
         return AttentionMetadata(
             slot_mapping=self.slot_mapping[:bucket * q], query_start_loc=self.query_start_loc[:bucket + 1],
             seq_lens=self.seq_lens[:bucket], block_tables=self.block_tables[:bucket],
             max_query_len=q, max_seq_len=max_model_len,
             query_start_loc_cpu=list(range(0, bucket * q + 1, q)), seq_lens_cpu=[max_model_len] * bucket,
+            min_query_len=1,
             tree_mask=None if self.tree_rows is None else TreeMask(self.tree_rows[0, :bucket * q],
                                                                    self.tree_rows[1, :bucket * q], [], []))
 

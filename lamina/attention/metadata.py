@@ -66,10 +66,19 @@ class AttentionMetadata:
     query_start_loc_cpu: list[int]  # host copies, for per-sequence loops in the reference path
     seq_lens_cpu: list[int]
     tree_mask: TreeMask | None = None  # None: causal (module docstring)
+    # the shortest sequence's q_len where query_start_loc_cpu does not give it: a CUDA graph's rows change at every
+    # replay (lamina/graphs.py: 1); None: read from query_start_loc_cpu
+    min_query_len: int | None = None
 
     @property
     def num_seqs(self) -> int:
         return len(self.seq_lens_cpu)
+
+    def shortest_query_len(self) -> int:
+        if self.min_query_len is not None:
+            return self.min_query_len
+        starts = self.query_start_loc_cpu
+        return min(starts[i + 1] - starts[i] for i in range(self.num_seqs))
 
 
 def prefill_metadata(lengths: list[int], block_size: int, device: torch.device | str = "cpu") -> AttentionMetadata:

@@ -38,10 +38,7 @@ def plan_decode(metadata: AttentionMetadata) -> int:
     """The decode kernel's MAX_Q for this batch: the longest q_len <= DECODE_MAX_Q (0: no decode rows)."""
     if metadata.max_query_len <= DECODE_MAX_Q:
         return metadata.max_query_len
-    starts = metadata.query_start_loc_cpu
-    if any(starts[i + 1] - starts[i] <= DECODE_MAX_Q for i in range(metadata.num_seqs)):
-        return DECODE_MAX_Q
-    return 0
+    return DECODE_MAX_Q if metadata.shortest_query_len() <= DECODE_MAX_Q else 0
 
 
 def _check_no_long_tree(metadata: AttentionMetadata) -> None:

@@ -149,13 +149,14 @@ class ModelNet:
 class DraftLoop:
     def __init__(self, net: LoopNet, k: int, max_batch_size: int, max_model_len: int, block_size: int,
                  device: torch.device, graph_cls: type = TorchCUDAGraph, query_len: int | None = None,
-                 samples: bool = True) -> None:
+                 samples: bool = True, buckets: Sequence[int] | None = None) -> None:
         """k drafts a row from catch-ups of up to `query_len` tokens a row (default k + 1); `samples`: whether
-        rows with DraftKeys sample their drafts (False: every draft is the argmax, as EAGLE's)."""
+        rows with DraftKeys sample their drafts (False: every draft is the argmax, as EAGLE's); `buckets`: the
+        batch sizes captured (default graph_buckets(max_batch_size))."""
         self.net = net
         self.k = k
         self.query_len = k + 1 if query_len is None else query_len
-        self.buckets = graph_buckets(max_batch_size)
+        self.buckets = graph_buckets(max_batch_size) if buckets is None else list(buckets)
         self.max_model_len = max_model_len
         self.block_size = block_size
         self.max_blocks_per_seq = -(-max_model_len // block_size)
@@ -183,8 +184,8 @@ class DraftLoop:
     @torch.inference_mode()
     def capture_all(self) -> None:
         self.graphs, self.outputs = capture_buckets(self._loop_fn, self.buckets, self.graph_cls, self.device)
-        logger.info("draft loop: %d CUDA graphs (k=%d) for up to %d sequences", len(self.buckets), self.k,
-                    self.buckets[-1])
+        logger.info("draft loop: %d CUDA graphs (k=%d, catch-ups of up to %d tokens a row) for up to %d sequences",
+                    len(self.buckets), self.k, self.query_len, self.buckets[-1])
 
     def run(self, batch: FlatBatch, last: Sequence[int], base: Sequence[int], limit: Sequence[int],
             keys: DraftKeys | None = None) -> torch.Tensor:
@@ -250,3 +251,58 @@ class DraftLoop:
             slot_mapping=slots, query_start_loc=self.decode_starts[:bucket + 1], seq_lens=seq_lens,
             block_tables=table, max_query_len=1, max_seq_len=self.max_model_len,
             query_start_loc_cpu=list(range(bucket + 1)), seq_lens_cpu=[self.max_model_len] * bucket)
+
+
+WIDE_TOKENS = 1024  # a wide loop's catch-up: its rows x its tokens a row (DraftLoops)
+
+
+class DraftLoops:
+    """A proposer's captured chains: `narrow`, catch-ups of up to k + 1 tokens a row (every call right after a
+    verify step) at every batch bucket; and wide loops, one per power-of-two bucket b, for catch-ups of up to
+    WIDE_TOKENS // b tokens a row (capped at max_model_len): a new prompt, or a request back from the gate's plain
+    windows or the policy's pause. Without them such a call fed its catch-up eagerly first, 3-4 ms on an H100's
+    host against a replay's ~0.1 ms, so that the gate's SPEC probes after a plain stretch paid it and lost.
+
+        rows        1     2     4     8    16    32    64   128      (k = 3, max_batch_size >= 128: only q > k + 1,
+        q a row  1024   512   256   128    64    32    16     8       one loop per distinct q; each replay computes
+                                                                      WIDE_TOKENS token slots)
+    """
+
+    def __init__(self, net: LoopNet, k: int, max_batch_size: int, max_model_len: int, block_size: int,
+                 device: torch.device, graph_cls: type = TorchCUDAGraph, samples: bool = True,
+                 wide_tokens: int = WIDE_TOKENS) -> None:
+        def loop(rows: int, query_len: int, buckets: Sequence[int] | None = None) -> DraftLoop:
+            return DraftLoop(net, k, rows, max_model_len, block_size, device, graph_cls, query_len, samples, buckets)
+        self.narrow = loop(max_batch_size, k + 1)
+        self.wide = [loop(rows, q, [rows]) for rows, q in wide_shapes(k, max_batch_size, max_model_len, wide_tokens)]
+
+    @property
+    def k(self) -> int:
+        return self.narrow.k
+
+    def capture_all(self) -> None:
+        for loop in (self.narrow, *self.wide):
+            loop.capture_all()
+
+    def pick(self, num_rows: int, width: int, most_drafts: int, longest: int) -> DraftLoop | None:
+        """The loop that replays a call (`longest`: its longest catch-up): the narrow one when every catch-up fits
+        it, else the wide loop of the fewest rows that holds the call; None when no loop holds it (the caller
+        drafts eagerly). Rows longer than the picked loop's query_len are fed eagerly first."""
+        if not self.narrow.fits(num_rows, width, most_drafts):
+            return None
+        if longest > self.narrow.query_len:
+            return next((w for w in self.wide if w.fits(num_rows, width, most_drafts)), self.narrow)
+        return self.narrow
+
+
+def wide_shapes(k: int, max_batch_size: int, max_model_len: int, wide_tokens: int = WIDE_TOKENS
+                ) -> list[tuple[int, int]]:
+    """(rows, tokens a row) of each wide loop, fewest rows first (DraftLoops): powers of two and max_batch_size."""
+    shapes: list[tuple[int, int]] = []
+    for rows in [2 ** i for i in range(max_batch_size.bit_length()) if 2 ** i < max_batch_size] + [max_batch_size]:
+        q = min(wide_tokens // rows, max_model_len)
+        if q > k + 1:
+            if shapes and shapes[-1][1] == q:  # the same catch-ups for more rows
+                shapes.pop()
+            shapes.append((rows, q))
+    return shapes

@@ -47,7 +47,7 @@ from lamina.kv.cache import KVCache, allocate_kv_caches, bind_kv_caches, kv_cach
 from lamina.layers.dispatch import DEFAULT_KERNELS
 from lamina.loader.hf_config import load_model_arch
 from lamina.loader.model_loader import load_model
-from lamina.spec.draft_loop import (CatchUp, DraftLoop, HostCopy, ModelNet, block_table, slot_mapping,
+from lamina.spec.draft_loop import (CatchUp, DraftLoop, DraftLoops, HostCopy, ModelNet, block_table, slot_mapping,
                                    stack_columns)
 from lamina.spec.draft_sampling import DraftKeys, DraftPicker, ranked, sampling_kernels
 from lamina.spec.draft_tree import DraftTree
@@ -127,7 +127,8 @@ class DraftModelProposer:
         self._fed: dict[str, _Fed] = {}
         self.tree = tree
         self.sampling_kernels = sampling_kernels(self.device)  # tree drafts' first children (draft_sampling.ranked)
-        self.loop: DraftLoop | TreeLoop | None = None  # set by compile_and_capture
+        self.loop: DraftLoops | TreeLoop | None = None  # set by compile_and_capture
+        self.eager_catch_up_tokens = 0  # fed eagerly before a replay: catch-ups longer than every loop takes
 
     def kv_bytes_per_block(self, block_size: int) -> int:
         return kv_cache_bytes_per_block(self.arch, block_size, self.dtype)
@@ -140,8 +141,8 @@ class DraftModelProposer:
     def compile_and_capture(self, max_batch_size: int, max_model_len: int, num_drafts: int,
                             warm_up: Callable[[torch.nn.Module], None] | None, graph_cls: type | None = None) -> None:
         """Compile the draft's kernels (its eager forwards: prompts), then capture the propose call (catch-up +
-        k - 1 decode steps, lamina/spec/draft_loop.py; or a tree's levels, tree_loop.py) per batch bucket when
-        max_batch_size > 0."""
+        k - 1 decode steps, lamina/spec/draft_loop.py, wide catch-ups too; or a tree's levels, tree_loop.py) per
+        batch bucket when max_batch_size > 0."""
         if warm_up is not None:  # within the draft's positions (RoPE tables end there)
             warm_up(self.model, max_model_len=min(max_model_len, self.arch.max_position_embeddings))
         if max_batch_size == 0:
@@ -149,7 +150,7 @@ class DraftModelProposer:
         kwargs = {} if graph_cls is None else {"graph_cls": graph_cls}
         max_len = min(max_model_len, self.arch.max_position_embeddings)
         net = ModelNet(self.model)
-        self.loop = (DraftLoop(net, num_drafts, max_batch_size, max_len, self.block_size, self.device, **kwargs)
+        self.loop = (DraftLoops(net, num_drafts, max_batch_size, max_len, self.block_size, self.device, **kwargs)
                      if self.tree is None else
                      TreeLoop(net, self.tree, max_batch_size, max_len, self.block_size, self.device, **kwargs))
         self.loop.capture_all()
@@ -166,8 +167,10 @@ class DraftModelProposer:
         if not rows:
             return Drafts.empty(len(requests), self.device)
         table = block_table([r.request.block_ids for r in rows])
-        if self.loop is not None and self.loop.fits(len(rows), table.shape[1], rows[0].limit):
-            token_ids = self._propose_in_graph(rows, table)
+        loop = None if self.loop is None else self.loop.pick(len(rows), table.shape[1], rows[0].limit,
+                                                             max(r.n - r.start for r in rows))
+        if loop is not None:
+            token_ids = self._propose_in_graph(rows, table, loop)
         elif self.tree is not None:
             token_ids = self._propose_tree(rows, table)
         else:
@@ -183,11 +186,10 @@ class DraftModelProposer:
             self._remember(row, fed, i, row.limit - 1 if self.tree is None else self.tree.fed_chain(row.limit))
         return Drafts.of_rows(token_ids, len(requests), [r.index for r in rows], [r.limit for r in rows])
 
-    def _propose_in_graph(self, rows: list[_Row], table: np.ndarray) -> torch.Tensor:
-        """Rows whose catch-up is longer than the graph's rows first feed all but their newest token eagerly
-        (a new prompt); then one replay drafts for every row: drafts [len(rows), k]."""
-        longest = self.loop.k + 1
-        long = [r for r in rows if r.n - r.start > longest]
+    def _propose_in_graph(self, rows: list[_Row], table: np.ndarray, loop: DraftLoop | TreeLoop) -> torch.Tensor:
+        """Rows whose catch-up is longer than the loop's rows first feed all but their newest token eagerly
+        (a long prompt); then one replay drafts for every row: drafts [len(rows), k]."""
+        long = [r for r in rows if r.n - r.start > loop.query_len]
         if long:
             self._prefill(long)
         starts = [0]
@@ -198,8 +200,8 @@ class DraftModelProposer:
         batch = CatchUp(input_ids=[int(t) for r in rows for t in r.request.token_ids[r.start:r.n]],
                         positions=positions.tolist(), slot_mapping=self._slots(table, row_of, positions).tolist(),
                         query_start_loc=starts, seq_lens=[r.n for r in rows], block_tables=table.tolist())
-        return self.loop.run(batch, [s - 1 for s in starts[1:]], [r.n - 1 for r in rows], [r.limit for r in rows],
-                             DraftKeys.of([r.request for r in rows], self.loop.k))
+        return loop.run(batch, [s - 1 for s in starts[1:]], [r.n - 1 for r in rows], [r.limit for r in rows],
+                        DraftKeys.of([r.request for r in rows], loop.k))
 
     def _prefill(self, rows: list[_Row]) -> None:
         """Feed token_ids[s : N - 1] of each row eagerly (their KV); afterwards each row starts at N - 1."""
@@ -212,6 +214,7 @@ class DraftModelProposer:
         table_dev = torch.from_numpy(sub_table).to(self.device, non_blocking=True)
         self._draft(ids, positions, self._slots(sub_table, row_of, positions), query_start,
                     np.array([r.n - 1 for r in rows], dtype=np.int64), table_dev)
+        self.eager_catch_up_tokens += len(ids)
         for r in rows:
             fed = self._fed.setdefault(r.request.req_id, _Fed([], 0))
             del fed.tokens[r.start:]

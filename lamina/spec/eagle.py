@@ -26,7 +26,8 @@ the head learns the target's greedy tokens, so its distribution says where the t
 drawn from it with the verify rows' noise, the demo head's first drafts at T = 0.6 were accepted less often than
 its argmax (0.592 / 0.427 / 0.486 against 0.607 / 0.458 / 0.465 on code / chat / prose). With CUDA graphs
 (compile_and_capture) a call is one replay: the catch-up and the k - 1 steps in one graph
-(lamina/spec/eagle_loop.py); a catch-up longer than the graph's rows is fed eagerly first.
+(lamina/spec/eagle_loop.py), a wide loop for catch-ups of more than k + 1 tokens a row (lamina/spec/draft_loop.py:
+DraftLoops); a catch-up longer than even that loop's rows is fed eagerly first.
 
 Tree drafts (`tree`, lamina/spec/draft_tree.py; eagerly, like a static EAGLE tree): after the catch-up, level d
 feeds every node of depth d that has children, (its draft, its parent's y) at head position N - 2 + d in the slot
@@ -51,7 +52,7 @@ from lamina.layers.dispatch import DEFAULT_KERNELS
 from lamina.models.common import CausalLM
 from lamina.models.names import format_names
 from lamina.spec.eagle_head import FIELD, WEIGHTS, EagleHead, read_head_config
-from lamina.spec.draft_loop import block_table, slot_mapping, stack_columns
+from lamina.spec.draft_loop import DraftLoop, block_table, slot_mapping, stack_columns
 from lamina.spec.eagle_loop import CatchUpRow, EagleLoops, catch_up_batch
 from lamina.spec.draft_tree import DraftTree
 from lamina.spec.model_proposer import DraftRequest, Drafts
@@ -162,8 +163,8 @@ class EagleProposer:
             return Drafts.empty(len(requests), self.device)
         if self.tree is not None:
             token_ids = self._propose_tree(rows)
-        elif self.loops is not None and self.loops.fits(len(rows), max(len(r.block_ids) for r in rows)):
-            token_ids = self._propose_in_graph(rows)
+        elif (loop := self._graph_loop(rows)) is not None:
+            token_ids = self._propose_in_graph(rows, loop)
         else:
             rows = sorted(rows, key=lambda r: -r.limit)  # the rows of eager step j are a prefix
             token_ids = self._propose_eagerly(rows)
@@ -187,14 +188,20 @@ class EagleProposer:
                                    limit, index))
         return rows
 
-    def _propose_in_graph(self, rows: list[CatchUpRow]) -> torch.Tensor:
-        """Rows longer than the graph's q feed all but their base eagerly first; then one replay for every row:
-        drafts [len(rows), k], row by row."""
-        long = [r for r in rows if r.count > self.loops.q]
+    def _graph_loop(self, rows: list[CatchUpRow]) -> DraftLoop | None:
+        if self.loops is None:
+            return None
+        return self.loops.pick(len(rows), max(len(r.block_ids) for r in rows), max(r.count for r in rows))
+
+    def _propose_in_graph(self, rows: list[CatchUpRow], loop: DraftLoop) -> torch.Tensor:
+        """Rows longer than the loop's query_len feed all but their base eagerly first; then one replay for every
+        row: drafts [len(rows), k], row by row."""
+        q = loop.query_len
+        long = [r for r in rows if r.count > q]
         if long:
             self._catch_up([dataclasses.replace(r, count=r.count - 1) for r in long])
-            rows = [dataclasses.replace(r, start=r.base, count=1) if r.count > self.loops.q else r for r in rows]
-        return self.loops.run(rows)
+            rows = [dataclasses.replace(r, start=r.base, count=1) if r.count > q else r for r in rows]
+        return self.loops.run(rows, loop)
 
     def _propose_eagerly(self, rows: list[CatchUpRow]) -> torch.Tensor:
         """One catch-up forward over every row, then k - 1 one-token steps of the rows that want more (`rows`

@@ -7,7 +7,8 @@ laid out as the loop's rows.
       last / base  the flat index of position s + c - 1 / s + c - 1 (= N - 2)
       limit        the request's drafts
 
-A catch-up longer than q = k + 1 is fed eagerly first, all but its base (lamina/spec/eagle.py).
+A call whose catch-ups fit k + 1 tokens a row replays the narrow loop; a longer one a wide loop (DraftLoops); a
+catch-up longer than the picked loop's query_len is fed eagerly first, all but its base (lamina/spec/eagle.py).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import torch
 from lamina.attention.metadata import get_attention_metadata
 from lamina.graphs import TorchCUDAGraph
 from lamina.models.common import CausalLM
-from lamina.spec.draft_loop import CatchUp, DraftLoop, block_table, slot_mapping
+from lamina.spec.draft_loop import CatchUp, DraftLoop, DraftLoops, block_table, slot_mapping
 from lamina.spec.eagle_head import EagleHead
 
 __all__ = ["CatchUpRow", "EagleLoops", "EagleNet", "catch_up_batch"]
@@ -68,22 +69,22 @@ class CatchUpRow:
 class EagleLoops:
     def __init__(self, head: EagleHead, target: CausalLM, features: torch.Tensor, k: int, max_batch_size: int,
                  max_model_len: int, block_size: int, device: torch.device, graph_cls: type = TorchCUDAGraph) -> None:
-        self.q, self.block_size = k + 1, block_size
+        self.block_size = block_size
         self.net = EagleNet(head, target, features)
-        self.drafting = DraftLoop(self.net, k, max_batch_size, max_model_len, block_size, device, graph_cls, self.q,
-                                  samples=False)  # argmax drafts (lamina/spec/eagle.py says why)
+        self.drafting = DraftLoops(self.net, k, max_batch_size, max_model_len, block_size, device, graph_cls,
+                                   samples=False)  # argmax drafts (lamina/spec/eagle.py says why)
 
     def capture_all(self) -> None:
         self.drafting.capture_all()
 
-    def fits(self, num_rows: int, width: int) -> bool:
-        return self.drafting.fits(num_rows, width, self.drafting.k)
+    def pick(self, num_rows: int, width: int, longest: int) -> DraftLoop | None:
+        return self.drafting.pick(num_rows, width, self.drafting.k, longest)
 
-    def run(self, rows: list[CatchUpRow]) -> torch.Tensor:
-        """Drafts [n, k] on the device after one replay (row i's first rows[i].limit are its drafts); every row's
-        count is at most q."""
+    def run(self, rows: list[CatchUpRow], loop: DraftLoop) -> torch.Tensor:
+        """Drafts [n, k] on the device after one replay of `loop` (row i's first rows[i].limit are its drafts);
+        every row's count is at most the loop's query_len."""
         batch, last = catch_up_batch(rows, self.block_size)
-        return self.drafting.run(batch, last, batch.positions[last], [r.limit for r in rows])
+        return loop.run(batch, last, batch.positions[last], [r.limit for r in rows])
 
 
 def catch_up_batch(rows: list[CatchUpRow], block_size: int) -> tuple[CatchUp, np.ndarray]:

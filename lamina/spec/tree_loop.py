@@ -55,6 +55,11 @@ class TreeLoop:
     def fits(self, num_rows: int, width: int, most_drafts: int) -> bool:
         return num_rows <= self.buckets[-1] and width <= self.max_blocks_per_seq and most_drafts <= self.tree.size
 
+    def pick(self, num_rows: int, width: int, most_drafts: int, longest: int) -> TreeLoop | None:
+        """DraftLoops.pick's answer for a tree: this loop when it holds the call (longer catch-ups are fed eagerly
+        first), else None."""
+        return self if self.fits(num_rows, width, most_drafts) else None
+
     @torch.inference_mode()
     def capture_all(self) -> None:
         self.graphs, self.outputs = capture_buckets(self._loop_fn, self.buckets, self.graph_cls, self.device)

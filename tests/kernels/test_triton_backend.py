@@ -42,6 +42,9 @@ def test_plan_decode() -> None:
     assert plan([1, 4, 2]) == 4
     assert plan([1, 30]) == DECODE_MAX_Q
     assert plan([30, 12]) == 0  # no decode rows: the decode kernel is not launched
+    graph = make_case([20, 20], [30, 12], 2, 1, 16, 16).metadata  # a graph's: rows of 1 to 30 tokens a replay
+    graph.min_query_len = 1
+    assert plan_decode(graph) == DECODE_MAX_Q
 
 
 def test_unsupported_head_dim_falls_back_with_one_log_line(caplog: pytest.LogCaptureFixture) -> None:

@@ -15,6 +15,7 @@ import lamina
 from lamina.kv.cache import kv_cache_bytes_per_block
 from lamina.layers.sampling_metadata import philox_keys
 from lamina.loader.hf_config import load_model_arch
+from lamina.spec.draft_loop import WIDE_TOKENS, DraftLoops, ModelNet
 from lamina.spec.draft_model import DraftModelProposer
 from lamina.spec.model_proposer import DraftRequest, ModelProposer
 from tests.helpers.hf_oracle import hf_greedy, load_hf
@@ -191,8 +192,9 @@ def test_demo_draft_matches_hf() -> None:
 def test_the_captured_draft_loop_drafts_what_hf_does(dirs: dict[str, Path]) -> None:
     """compile_and_capture (EagerGraph on CPU, the Triton kernels under the interpreter, as a CUDA graph runs them):
     the catch-up and the k - 1 decode steps with device-made inputs give HF's greedy drafts, through rounds of
-    verification with mixed num_drafts (rows past their limit store nothing) and a new long prompt (fed eagerly
-    first), in a bucket with padding rows."""
+    verification with mixed num_drafts (rows past their limit store nothing) and a new long prompt (the wide loop:
+    its 17 tokens through the prefill kernel, the other rows' through the decode kernel, in one replay; nothing
+    fed eagerly), in a bucket with padding rows."""
     import tests.kernels.conftest  # noqa: F401 - TRITON_INTERPRET=1 and the interpreter fixes
     from lamina.graphs import EagerGraph
 
@@ -211,6 +213,31 @@ def test_the_captured_draft_loop_drafts_what_hf_does(dirs: dict[str, Path]) -> N
             assert got == hf_greedy(hf_draft, tokens, k[rid]), (round_, rid)
         for rid, got in zip(seqs, drafts):
             seqs[rid] = seqs[rid] + verify(seqs[rid], got, rng, hf_draft)
+    assert proposer.eager_catch_up_tokens == 0
+
+
+@pytest.mark.parametrize("wide_tokens", [WIDE_TOKENS, 16])
+def test_a_request_back_from_a_plain_stretch_catches_up_in_one_replay(dirs: dict[str, Path], wide_tokens: int
+                                                                      ) -> None:
+    """A request that did not draft for 20 steps (the gate's plain window, the policy's pause) catches up on them
+    in the wide loop's replay; with loops too small for it (wide_tokens 16: one row of 16 tokens) all but its newest
+    token are fed eagerly first. Either way the drafts are HF's."""
+    import tests.kernels.conftest  # noqa: F401 - TRITON_INTERPRET=1 and the interpreter fixes
+    from lamina.graphs import EagerGraph
+
+    target, hf_draft = load_model_arch(str(dirs["target"])), load_hf(str(dirs["head32"]))
+    proposer = DraftModelProposer(str(dirs["head32"]), target, torch.float32, torch.device("cpu"), "triton")
+    proposer.bind_cache(NUM_BLOCKS, BLOCK_SIZE)
+    proposer.loop = DraftLoops(ModelNet(proposer.model), 3, 2, 64, BLOCK_SIZE, torch.device("cpu"), EagerGraph,
+                               wide_tokens=wide_tokens)
+    proposer.loop.capture_all()
+    blocks, seqs = Blocks(seed=8), prompts([3], seed=11)
+    assert propose(proposer, requests(seqs, {"r0": 3}, blocks)) == [hf_greedy(hf_draft, seqs["r0"], 3)]
+    seqs["r0"] = seqs["r0"] + hf_greedy(hf_draft, seqs["r0"], 20)  # 20 tokens decoded without drafts
+    assert propose(proposer, requests(seqs, {"r0": 3}, blocks)) == [hf_greedy(hf_draft, seqs["r0"], 3)]
+    # the cache held the prompt and the first call's 2 fed drafts, which the greedy continuation repeats: the catch-up
+    # is positions [5, 23); eagerly all but the newest
+    assert proposer.eager_catch_up_tokens == (0 if wide_tokens == WIDE_TOKENS else 23 - 1 - 5)
 
 
 def hf_sampled(hf: torch.nn.Module, tokens: list[int], k: int, seed: int, temperature: float,
@@ -254,7 +281,7 @@ def test_sampled_drafts_follow_the_verify_rows_noise(dirs: dict[str, Path], path
     if path != "eager":
         proposer.compile_and_capture(max_batch_size=4, max_model_len=64, num_drafts=3, warm_up=None,
                                      graph_cls=EagerGraph)
-        assert (proposer.loop.kernels is kernel) and proposer.loop.sampled
+        assert (proposer.loop.narrow.kernels is kernel) and proposer.loop.narrow.sampled
     blocks, seqs = Blocks(seed=2), prompts([3, 6, 2], seed=6)
     sampling = {"r0": (11, 0.8), "r1": (None, 0.0), "r2": (2**64 - 5, 1.2)}  # (seed, temperature)
     for round_ in range(2):

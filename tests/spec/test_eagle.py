@@ -15,6 +15,7 @@ from lamina.kv.cache import allocate_kv_caches, bind_kv_caches
 from lamina.loader.hf_config import load_model_arch
 from lamina.loader.model_loader import load_model
 from lamina.models.common import CausalLM
+from lamina.spec.draft_loop import WIDE_TOKENS, DraftLoops
 from lamina.spec.eagle import EagleProposer
 from lamina.spec.eagle_head import EagleHead, EagleHeadConfig, default_aux_layers, save_head
 from lamina.distill.eagle_ttt import unroll
@@ -214,19 +215,26 @@ def test_the_shipped_head_drafts_and_is_accepted_on_the_demo_model() -> None:
     assert stats.num_draft_tokens > 40 and stats.num_accepted_tokens > ACCEPTED_FLOOR * stats.num_draft_tokens
 
 
+@pytest.mark.parametrize("wide_tokens", [WIDE_TOKENS, 8])
 def test_the_captured_loops_draft_what_the_unrolled_head_does(target_dir: Path, target: CausalLM,
-                                                              tmp_path: Path) -> None:
+                                                              tmp_path: Path, wide_tokens: int) -> None:
     """compile_and_capture (EagerGraph on CPU, the Triton kernels under the interpreter, as a CUDA graph runs them):
-    one call drafts for a long prompt (its catch-up eagerly but for the base), a request two positions behind and
-    a short one, in a bucket with a padding row; a request that did not draft while 11 positions were computed
-    catches up on all of them in the next call; each gives the unrolled head's drafts, its argmax even for requests
-    that sample (the head's drafts are not sampled: lamina/spec/eagle.py)."""
+    one call drafts for a long prompt, a request two positions behind and a short one, in a bucket with a padding
+    row; a request that did not draft while 11 positions were computed catches up on all of them in the next call;
+    each gives the unrolled head's drafts, its argmax even for requests that sample (the head's drafts are not
+    sampled: lamina/spec/eagle.py). The default loops replay the long catch-ups in a wide loop; with wide_tokens 8
+    (a wide loop of one row of 8 tokens) the first call feeds the long prompt eagerly but for its base and replays
+    the narrow loop, the second feeds the 11 positions eagerly but for the base and replays the wide loop."""
     import tests.kernels.conftest  # noqa: F401 - TRITON_INTERPRET=1 and the interpreter fixes
     from lamina.graphs import EagerGraph
 
     proposer = _proposer(target_dir, target, tmp_path, 32, "triton")
     proposer.compile_and_capture(max_batch_size=8, max_model_len=64, num_drafts=3, warm_up=None,
                                  graph_cls=EagerGraph)
+    if wide_tokens != WIDE_TOKENS:
+        proposer.loops.drafting = DraftLoops(proposer.loops.net, 3, 8, 64, proposer.block_size, proposer.device,
+                                             EagerGraph, samples=False, wide_tokens=wide_tokens)
+        proposer.loops.drafting.capture_all()
     layers = list(proposer.cfg.aux_hidden_state_layers)
     seqs = {"a": [5, 9, 1, 44, 3, 3, 70, 2, 11, 64], "b": [8, 1, 6, 6, 2], "c": list(range(20, 32)),
             "d": [4, 4, 9]}
@@ -243,6 +251,8 @@ def test_the_captured_loops_draft_what_the_unrolled_head_does(target_dir: Path, 
     assert got == {r: _reference_drafts(proposer, feats[r], seqs[r], k) for r, k in (("a", 3), ("b", 2), ("d", 1))}
     compute(target, seqs["c"], blocks["c"], 5, 6)
     assert propose({"c": 3}) == {"c": _reference_drafts(proposer, feats["c"], seqs["c"], 3)}
+    fed = seqs["c"][1:12] if wide_tokens == WIDE_TOKENS else seqs["c"][11:12]  # positions [0, 11), or the base
+    assert proposer.loops.drafting.wide[0].buffers.input_ids[:len(fed)].tolist() == fed
 
 
 def test_replayed_target_steps_store_what_eager_steps_do(target_dir: Path, tmp_path: Path) -> None:
