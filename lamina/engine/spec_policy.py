@@ -17,10 +17,15 @@ Eager steps: the drafts are ranked by their marginal gain p_ij and the best pref
 taken. Graph steps: the best common depth d (every request drafts min(d, cap_i)). Either way the answer is
 "no drafts" unless it beats no drafts by `min_gain`: speculation is then off for the step.
 
-Exploration: evidence decays by `decay` a step, so the estimate of a request that stopped drafting drifts back
-to the prior (the engine-wide rate, which itself drifts back to `prior_alpha` while nobody drafts); the request
-drafts again once the prior says it pays at the step's cost, and the new measurement decides. The cost model
-answers a bucket's minimum until it has `min_samples` steps, so an unlucky slow step is measured again.
+Exploration: a request's evidence decays by `decay` a step, so the estimate of a request that stopped drafting
+drifts back to the prior, the engine-wide rate; the request drafts again once the prior says it pays at the step's
+cost, and the new measurement decides. The engine-wide rate is the drafter's, remembered longer: it drifts back to
+`prior_alpha` by `prior_decay` a step (~500 steps against a request's ~50), so that one unlucky verify (a request
+of the demo draft model at 0.63 after its first three drafts were rejected, the engine's rate at 0.94) is tried
+again within tens of steps rather than judged by a prior that has sunk too. A step is a call of observe_requests
+(n-gram: a decision) or of `tick` (the worker's proposers: each step of the gate's SPEC arm without drafts). The
+cost model answers a bucket's minimum until it has `min_samples` steps, so an unlucky slow step is measured
+again.
 """
 from __future__ import annotations
 
@@ -52,12 +57,14 @@ class SpecPolicy:
 
     def __init__(self, cost: StepCostModel | None = None, graph_query_lens: Sequence[int] = (),
                  graph_max_rows: int = 0, max_step_tokens: int | None = None, prior_alpha: float = 0.5,
-                 prior_weight: float = 2.0, decay: float = 0.98, min_gain: float = 0.02) -> None:
+                 prior_weight: float = 2.0, decay: float = 0.98, min_gain: float = 0.02,
+                 prior_decay: float = 0.998) -> None:
         self.cost = StepCostModel() if cost is None else cost
         self.graph_query_lens, self.graph_max_rows = sorted(graph_query_lens), graph_max_rows
         self.max_step_tokens = max_step_tokens
         self.prior_alpha, self.prior_weight, self.decay, self.min_gain = prior_alpha, prior_weight, decay, min_gain
-        self.steps = 0  # observe_requests calls: the clock of the decay
+        self.prior_decay = prior_decay
+        self.steps = 0  # observe_requests and tick calls: the clock of the decay
         self._slot: dict[str, int] = {}  # request id -> its row of _counts
         self._counts = np.zeros((64, 3))  # row: [accepted, trials, step of the last update], decayed lazily
         self._free = list(range(63, -1, -1))
@@ -69,7 +76,7 @@ class SpecPolicy:
 
     def prior(self) -> float:
         """The engine-wide acceptance rate: a new request's estimate."""
-        factor, weight = self.decay ** (self.steps - self._global[2]), 4 * self.prior_weight
+        factor, weight = self.prior_decay ** (self.steps - self._global[2]), 4 * self.prior_weight
         return (self._global[0] * factor + weight * self.prior_alpha) / (self._global[1] * factor + weight)
 
     def alphas(self, request_ids: Sequence[str]) -> np.ndarray:
@@ -106,7 +113,7 @@ class SpecPolicy:
         self._counts[slots, 0] = rows[:, 0] * factor + accepted[keep]
         self._counts[slots, 1] = rows[:, 1] * factor + trials[keep]
         self._counts[slots, 2] = self.steps
-        factor = self.decay ** (self.steps - self._global[2])
+        factor = self.prior_decay ** (self.steps - self._global[2])
         self._global = [self._global[0] * factor + accepted[keep].sum(),
                         self._global[1] * factor + trials[keep].sum(), self.steps]
 
@@ -118,6 +125,10 @@ class SpecPolicy:
         slot = self._slot[request_id] = self._free.pop()
         self._counts[slot] = 0.0, 0.0, self.steps
         return slot
+
+    def tick(self) -> None:
+        """A step without evidence (no verify to read): the estimates age by one step."""
+        self.steps += 1
 
     def observe_requests(self, requests: Sequence[Request]) -> None:
         """Once a step, with the running requests: advance the clock, read each one's verify since the last

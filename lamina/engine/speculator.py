@@ -155,6 +155,8 @@ class Speculator:
                 self._rest.decided(verdict, self._decision_share)
         elif worker_drafts:
             self._take_worker_drafts(result, running)
+        elif self.policy is not None:
+            self.policy.tick()  # a SPEC step without drafts: the estimates age (spec_policy.py: Exploration)
         # drafts are set above only (else they were settled after the last verify step): no O(rows) scan otherwise
         self.has_drafts = (self.proposer is not None or worker_drafts) and any(r.spec_token_ids for r in running)
         self.stats.draft_seconds += time.perf_counter() - start

@@ -260,8 +260,8 @@ class DraftLoops:
     """A proposer's captured chains: `narrow`, catch-ups of up to k + 1 tokens a row (every call right after a
     verify step) at every batch bucket; and wide loops, one per power-of-two bucket b, for catch-ups of up to
     WIDE_TOKENS // b tokens a row (capped at max_model_len): a new prompt, or a request back from the gate's plain
-    windows or the policy's pause. Without them such a call fed its catch-up eagerly first, 3-4 ms on an H100's
-    host against a replay's ~0.1 ms, so that the gate's SPEC probes after a plain stretch paid it and lost.
+    windows or the policy's pause, whose catch-up is then one replay rather than an eager forward (on a GPU an
+    eager forward is milliseconds of host time: the first step of every SPEC window would pay it).
 
         rows        1     2     4     8    16    32    64   128      (k = 3, max_batch_size >= 128: only q > k + 1,
         q a row  1024   512   256   128    64    32    16     8       one loop per distinct q; each replay computes

@@ -130,6 +130,24 @@ def test_a_plain_window_costs_a_worker_side_proposer_no_per_step_work(tmp_path) 
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
     kinds = [step.kind for step in engine.step_log]
     assert kinds.count("decode ahead") >= 50 and len(observed) <= 3, (kinds, len(observed))
+    assert engine.speculator.policy.steps <= 3  # nor do its estimates age there (no tick)
+    engine.check_integrity()
+
+
+def test_a_worker_side_policys_estimates_age_with_its_steps_without_drafts(tmp_path) -> None:
+    """Each step in which a draft model's policy lets nobody draft (verify steps priced out) ages its estimates by
+    one step (SpecPolicy.tick), so a request judged on old evidence is tried again (test_spec_policy.py's
+    unlucky verify); before, its clock moved only when it drafted, and such a request never drafted again."""
+    model = make_tiny_model("llama", tmp_path / "m", vocab_size=320)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    llm = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64,
+              speculative_config={"method": "draft_model", "model": str(model), "num_speculative_tokens": 2})
+    engine = llm.engine
+    engine.speculator.gate = None  # the policy alone
+    policy = engine.speculator.policy
+    policy.cost.seed([(2, 1.0), (3, 1.0)])  # a verify step of 1 + 1 or 1 + 2 tokens: a second
+    llm.generate([{"prompt_token_ids": [5, 6, 7, 8]}], params, use_tqdm=False)
+    assert engine.get_stats().spec.num_drafts == 0 and policy.steps >= 35, policy.steps
     engine.check_integrity()
 
 
