@@ -66,6 +66,8 @@
 #         spec-b1-plain  scripts/profile_spec.py on the default draft model and n-gram at batch 1: step times by kind
 #         spec-host      scripts/profile_spec.py on the draft model's k = 3 chain at batch 1: step times, cProfile by own
 #                        and by cumulative time, the device's timeline (where a verify step's host time goes)
+#         spec-trace     scripts/trace_spec_policy.py on the default draft model, code and chat prompts at batch 1 (each
+#                        window's arm, steps by kind and the policy's view: why it drafts or not)
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -223,6 +225,8 @@ for step in "$@"; do
             run spec-host-profiler-cprofile-top-45 $host --profiler cprofile --top 45
             run spec-host-profiler-cprofile-sort-cumtime $host --profiler cprofile --sort cumtime --top 70
             run spec-host-profiler-timeline $host --profiler timeline ;;
+        spec-trace) run spec-trace timeout 150 env PYTHONPATH=. python scripts/trace_spec_policy.py --methods draft_model \
+                        --prompt-sets code,chat --result-file "$OUT/spec-trace.json" ;;
         *) echo "unknown step: $step"; status=2 ;;
     esac
 done

@@ -4,10 +4,11 @@ time, with the gate's arm and the policy's view after it, summarised per window 
     PYTHONPATH=. python scripts/trace_spec_policy.py [--methods draft_model] [--prompt-sets code,chat,prose]
                                                      [--temperatures 0,0.6] [--new-tokens 256] [--result-file t.json]
 
-Per window: the arm the gate ran it in (steps of each), the steps by kind with their mean wall time, the drafts
-verified, and at its end the policy's acceptance estimate of the running request, its engine-wide prior and its
-cost model's cost(1) and cost(q) (a verify step's tokens under a CUDA graph, q = 1 + k rounded up to a captured
-query length). A run whose windows are SPEC but verify nothing is the policy's refusal; PLAIN windows, the gate's.
+Per window (printed for each set's first prompt, all in the JSON): the steps run in the gate's plain arm, the
+steps by kind with their mean wall time, the drafts verified, and at its end the policy's acceptance estimate of
+the running request, its engine-wide prior and its cost model's cost(1) and cost(q) (a verify step's tokens under
+a CUDA graph, q = 1 + k rounded up to a captured query length). A run whose windows are SPEC but verify nothing is
+the policy's refusal; PLAIN windows, the gate's.
 """
 from __future__ import annotations
 
@@ -48,22 +49,28 @@ def trace(engine: LLMEngine, prompt: str, params: SamplingParams) -> list[dict]:
     return records
 
 
-def windows(records: list[dict]) -> list[str]:
-    lines = []
+def windows(records: list[dict]) -> list[dict]:
+    """Each window of WINDOW steps: steps in a plain window, [count, mean ms] by kind, drafts verified, and the
+    policy's view at its end."""
+    out = []
     for start in range(0, len(records), WINDOW):
-        part = records[start:start + WINDOW]
-        kinds: dict[str, list[float]] = {}
+        part, kinds = records[start:start + WINDOW], {}
         for r in part:
             kinds.setdefault(r["kind"], []).append(r["ms"])
-        by_kind = " ".join(f"{k} {len(v)}x{statistics.mean(v):.2f}" for k, v in sorted(kinds.items()))
-        plain = sum(r["plain"] for r in part)
         last = part[-1]
-        alpha = "-" if last["alpha"] is None else f"{last['alpha']:.2f}"
-        drafts = sum(r["drafts"] for r in part)
-        lines.append(f"    steps {start:4d}+ plain {plain:2d}/{len(part):2d}  {by_kind:48s} drafts {drafts:3d}  alpha "
-                     f"{alpha} prior {last['prior']:.2f} cost(1) {last['cost_1_ms']:.2f} "
-                     f"cost(q) {last['cost_q_ms']:.2f} ms")
-    return lines
+        out.append({"start": start, "steps": len(part), "plain": sum(r["plain"] for r in part),
+                    "ms_by_kind": {k: [len(v), round(statistics.mean(v), 3)] for k, v in sorted(kinds.items())},
+                    "drafts": sum(r["drafts"] for r in part),
+                    "alpha": None if last["alpha"] is None else round(last["alpha"], 3),
+                    **{key: round(last[key], 3) for key in ("prior", "cost_1_ms", "cost_q_ms")}})
+    return out
+
+
+def window_line(w: dict) -> str:
+    by_kind = " ".join(f"{k} {n}x{ms:.2f}" for k, (n, ms) in w["ms_by_kind"].items())
+    alpha = "-" if w["alpha"] is None else f"{w['alpha']:.2f}"
+    return (f"    steps {w['start']:4d}+ plain {w['plain']:2d}/{w['steps']:2d}  {by_kind:48s} drafts {w['drafts']:3d}  "
+            f"alpha {alpha} prior {w['prior']:.2f} cost(1) {w['cost_1_ms']:.2f} cost(q) {w['cost_q_ms']:.2f} ms")
 
 
 def main() -> int:
@@ -86,13 +93,16 @@ def main() -> int:
                     params = SamplingParams(max_tokens=args.new_tokens, temperature=temperature, seed=i,
                                             ignore_eos=True)
                     records = trace(llm.engine, prompt, params)
-                    result[label].append({"prompts": name, "temperature": temperature, "prompt": i, "steps": records})
                     verify = [r["ms"] for r in records if r["kind"] == "verify"]
-                    print(f"{label} {name} T={temperature} prompt {i}: {len(records)} steps, "
-                          f"{sum(r['plain'] for r in records)} plain, {len(verify)} verify"
-                          + (f" ({statistics.median(verify):.2f} ms median)" if verify else ""))
+                    row = {"prompts": name, "temperature": temperature, "prompt": i, "steps": len(records),
+                           "plain": sum(r["plain"] for r in records), "verify": len(verify),
+                           "verify_ms_median": statistics.median(verify) if verify else None,
+                           "windows": windows(records)}
+                    result[label].append(row)
+                    print(f"{label} {name} T={temperature} prompt {i}: {row['steps']} steps, {row['plain']} plain, "
+                          f"{len(verify)} verify" + (f" ({row['verify_ms_median']:.2f} ms median)" if verify else ""))
                     if i == 0:
-                        print("\n".join(windows(records)))
+                        print("\n".join(map(window_line, row["windows"])))
         del llm
     if args.result_file:
         Path(args.result_file).write_text(json.dumps(result))
