@@ -20,12 +20,12 @@ taken. Graph steps: the best common depth d (every request drafts min(d, cap_i))
 Exploration: a request's evidence decays by `decay` a step, so the estimate of a request that stopped drafting
 drifts back to the prior, the engine-wide rate; the request drafts again once the prior says it pays at the step's
 cost, and the new measurement decides. The engine-wide rate is the drafter's, remembered longer: it drifts back to
-`prior_alpha` by `prior_decay` a step (~500 steps against a request's ~50), so that one unlucky verify (a request
-of the demo draft model at 0.63 after its first three drafts were rejected, the engine's rate at 0.94) is tried
-again within tens of steps rather than judged by a prior that has sunk too. A step is a call of observe_requests
-(n-gram: a decision) or of `tick` (the worker's proposers: each step of the gate's SPEC arm without drafts). The
-cost model answers a bucket's minimum until it has `min_samples` steps, so an unlucky slow step is measured
-again.
+`prior_alpha` by `prior_decay` a step (~500 steps against a request's ~50), so that a request whose first verify
+went badly is tried again within tens of steps rather than judged by a prior that has sunk with it. A step is a
+call of observe_requests (n-gram: a decision) or of `tick` (the worker's proposers: each step of the gate's SPEC
+arm without drafts). The cost model answers a bucket's minimum until it has `min_samples` steps, so an unlucky
+slow step is measured again. Not explored: an acceptance never measured. Once a verify step's cost is known, a
+prior_alpha that says drafting cannot pay keeps the engine from ever measuring it (docs/speculative.md, Not yet).
 """
 from __future__ import annotations
 

@@ -241,12 +241,11 @@ def test_acceptance_from_request_counters_and_decay_to_the_prior() -> None:
 
 
 def test_one_unlucky_verify_is_tried_again_within_tens_of_steps() -> None:
-    """A request whose first three drafts were rejected falls to ~0.63 while the drafter's engine-wide rate is
-    0.94, and with a verify step at 2.6 plain steps (the demo draft model on an H100: 1.93 against 0.73 ms) it
-    stops drafting. Its evidence ages with each step without drafts (`tick`) back toward the engine-wide rate,
-    which is remembered longer, so it drafts again within tens of steps; the engine-wide rate itself returns to
-    prior_alpha only over thousands. (Before, both aged alike and the request never drafted again: the trace of
-    scripts/trace_spec_policy.py that found it kept 7 of 8 such requests off for all their 256 steps.)"""
+    """A request whose first three drafts were rejected falls well below the drafter's engine-wide rate and, with a
+    verify step at 2.6 plain steps (the cost curve: docs/BENCHMARKS.md, thirty-first session), stops drafting. Its
+    evidence ages with each step without drafts (`tick`) back toward the engine-wide rate, which is remembered
+    longer, so it drafts again within tens of steps; the engine-wide rate itself returns to prior_alpha only over
+    thousands. (Regression: both aged alike, and such a request never drafted again.)"""
     policy = SpecPolicy(cost=Exact(lambda t: np.where(t <= 1, 0.73e-3, 1.93e-3)), **GRAPHS)
     earlier = decoding("a", [1, 2, 3, 4])
     policy.observe_requests([earlier])
