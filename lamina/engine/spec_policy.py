@@ -24,8 +24,8 @@ cost, and the new measurement decides. The engine-wide rate is the drafter's, re
 went badly is tried again within tens of steps rather than judged by a prior that has sunk with it. A step is a
 call of observe_requests (n-gram: a decision) or of `tick` (the worker's proposers: each step of the gate's SPEC
 arm without drafts). The cost model answers a bucket's minimum until it has `min_samples` steps, so an unlucky
-slow step is measured again. Not explored: an acceptance never measured. Once a verify step's cost is known, a
-prior_alpha that says drafting cannot pay keeps the engine from ever measuring it (docs/speculative.md, Not yet).
+slow step is measured again. Not explored: estimates that say drafting cannot pay are not measured again (a
+verify step's cost from the warm-up, an acceptance never measured: docs/speculative.md, Not yet).
 """
 from __future__ import annotations
 
