@@ -8,7 +8,9 @@ measures that. Steps run in windows of `window` steps, each window in one arm:
     PLAIN   no decision, no drafts: the engine runs as without speculation, its steps launched ahead
 
 A window's rate is the tokens its steps emitted over their wall time, counting only the steps whose drafts were
-decided in the window's arm (not its first: those were decided before it began) and that compiled no kernel.
+decided in the window's arm (not its first: those were decided before it began), that compiled no kernel and that
+were no stall (more than STALL_FACTOR times the window's median step: a first use, a garbage collection; one such
+step in a 16-step window would make its arm look several times slower, and the probes' EMA would carry it).
 Each batch-size bucket (the rows of a step, by powers of two) has a leading arm, and the other is probed for one
 window after `gap` windows of the leader. The host's speed drifts by tens of percent over seconds (seen on the
 H200's host), so a probe is judged against its neighbours: its rate over the mean rate of the leader's windows just
@@ -38,6 +40,7 @@ MAX_GAP = 32  # windows of the leader between two probes, at most
 RATE_DECAY = 0.7  # EMAs (the advantage, each arm's rate): this much of the old value, the rest the new sample
 SPEC_MARGIN = 0.02  # speculation leads only while faster than plain by this much: in doubt, the plain engine
 EXPLORE_BUDGET = 0.01  # probes of the slower arm cost at most this share of the throughput (up to MAX_GAP)
+STALL_FACTOR = 50  # a counted step slower than this many times its window's median step is left out of the rate
 
 
 class Arm(Enum):
@@ -119,7 +122,7 @@ class WindowRecord:
     bucket: int
     arm: Arm
     steps: int
-    counted: int  # steps whose drafts were decided in `arm`, without a compile
+    counted: int  # steps whose drafts were decided in `arm`, without a compile or a stall
     tokens: int  # emitted by the counted steps
     seconds: float  # their wall time
     recorded: bool  # whether it changed the bucket's state (complete, or half counted)
@@ -137,9 +140,7 @@ class SpecGate:
         self._arm = Arm.SPEC
         self._bucket: int | None = None  # the window's bucket
         self._steps = 0  # steps of the window so far
-        self._counted = 0  # of which counted
-        self._tokens = 0
-        self._seconds = 0.0
+        self._counted: list[tuple[int, float]] = []  # (tokens, seconds) of the window's counted steps
 
     @property
     def plain(self) -> bool:
@@ -157,23 +158,31 @@ class SpecGate:
             self._start_window(bucket)
         self._steps += 1
         if countable and plain == self.plain:
-            self._counted += 1
-            self._tokens += num_tokens
-            self._seconds += seconds
+            self._counted.append((num_tokens, seconds))
         if self._steps >= self.window:
             self._end_window(complete=True)
             self._start_window(bucket)
 
     def _start_window(self, bucket: int) -> None:
-        self._bucket, self._steps, self._counted, self._tokens, self._seconds = bucket, 0, 0, 0, 0.0
+        self._bucket, self._steps, self._counted = bucket, 0, []
         self._arm = self.buckets.setdefault(bucket, BucketState()).next_arm()
 
     def _end_window(self, complete: bool) -> None:
         if self._bucket is None:
             return
-        recorded = self._seconds > 0 and (complete or 2 * self._counted >= self.window)
+        counted = without_stalls(self._counted)
+        tokens, seconds = sum(t for t, _ in counted), sum(s for _, s in counted)
+        recorded = seconds > 0 and (complete or 2 * len(counted) >= self.window)
         if recorded:
-            self.buckets[self._bucket].record(self._arm, self._tokens / self._seconds, self.max_gap)
+            self.buckets[self._bucket].record(self._arm, tokens / seconds, self.max_gap)
         if self.window_log is not None:
-            self.window_log.append(WindowRecord(self._bucket, self._arm, self._steps, self._counted, self._tokens,
-                                                self._seconds, recorded))
+            self.window_log.append(WindowRecord(self._bucket, self._arm, self._steps, len(counted), tokens, seconds,
+                                                recorded))
+
+
+def without_stalls(steps: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The (tokens, seconds) steps but those slower than STALL_FACTOR times their median."""
+    if len(steps) < 3:
+        return steps
+    limit = STALL_FACTOR * sorted(s for _, s in steps)[len(steps) // 2]
+    return [step for step in steps if step[1] <= limit]
