@@ -24,15 +24,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lamina import DEMO_MODEL, LLM, SamplingParams
 from lamina.bench.spec import PROMPT_SETS, spec_config
 from lamina.engine.engine import LLMEngine
-
-WINDOW = 16
+from lamina.engine.spec_gate import WINDOW
 
 
 def trace(engine: LLMEngine, prompt: str, params: SamplingParams) -> list[dict]:
     """One request alone, step by step: each step's record."""
     speculator = engine.speculator
     policy, gate = speculator.policy, speculator.gate
-    q = policy._graph_q(1, 1 + speculator.k) or 1 + speculator.k
+    q = policy.step_tokens([1 + speculator.k])  # a one-row verify step's tokens as the policy counts them
     engine.step_log, records = [], []
     engine.add_request(prompt, params)
     while engine.has_unfinished_requests():
