@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from lamina import DEMO_MODEL
 from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
 from lamina.kv.cache import allocate_kv_caches, bind_kv_caches
-from lamina.layers.linear import weight_major_matmul
+from lamina.layers.cpu_matmul import weight_major_matmul
 from lamina.loader.hf_config import load_model_arch
 from lamina.loader.model_loader import load_model
 

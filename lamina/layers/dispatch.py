@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from lamina.config import KernelChoice
+from lamina.layers.cpu_matmul import weight_major_is_faster
 
 if TYPE_CHECKING:
     from lamina.kernels.fp8_gemm import Fp8GemmConfig
@@ -123,20 +124,19 @@ def gemv_for(x: torch.Tensor, weight: torch.Tensor, kernels: KernelChoice) -> Mo
     return gemv if gemv is not None and 1 <= rows <= min(GEMV_MAX_ROWS, gemv.MAX_M) else None
 
 
-# Rows up to which a float32 CPU matmul x @ W.T runs as (W @ x.T).T (weight_major_for). On the 2-core EPYC that CI
-# and W6 use, MKL's F.linear takes a one-thread GEMV at 1 row and a slow small-M GEMM at 2-8 rows, while W @ x.T
-# streams the weight through its GEMM on both cores: the demo model's LM head (8192 x 384) 0.9-1.8 ms -> 0.3 ms at
-# 1-4 rows, 0.6 ms at 8; from 12 rows on the two are within noise (docs/BENCHMARKS.md, "The CPU matmul").
+# Rows up to which a float32 CPU matmul x @ W.T may run as (W @ x.T).T (weight_major_for): where that is faster
+# depends on the CPU (2.5x faster at 1-8 rows on a 2-core EPYC, 4x slower at one row on a 2-core Xeon), so it is
+# measured per weight shape (lamina/layers/cpu_matmul.py); from 12 rows on the two were within noise on the EPYC.
 CPU_WEIGHT_MAJOR_MAX_ROWS = 8
 
 
 def weight_major_for(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether small_batch_matmul computes x @ W.T as (W @ x.T).T: a float32 CPU x of 1..CPU_WEIGHT_MAJOR_MAX_ROWS
-    rows and a float32 weight."""
+    rows, a float32 weight, and weight-major measured faster at that shape on this machine."""
     if x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32:
         return False
     rows = x.numel() // max(1, x.shape[-1])
-    return 1 <= rows <= CPU_WEIGHT_MAJOR_MAX_ROWS
+    return 1 <= rows <= CPU_WEIGHT_MAJOR_MAX_ROWS and weight_major_is_faster(weight, rows)
 
 
 def _token_quant_module() -> ModuleType | None:

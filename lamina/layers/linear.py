@@ -23,6 +23,7 @@ from torch import nn
 from lamina.config import KernelChoice
 from lamina.distributed.communication import all_reduce
 from lamina.distributed.parallel_state import current_group
+from lamina.layers.cpu_matmul import weight_major_matmul
 from lamina.layers.dispatch import DEFAULT_KERNELS, gemv_for, pdl_for, weight_major_for
 
 
@@ -72,7 +73,8 @@ def small_batch_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
                        kernels: KernelChoice = DEFAULT_KERNELS) -> torch.Tensor:
     """x [..., K] @ weight[N, K].T (+ bias). A decode step's few rows go to the Triton GEMV where dispatch
     allows it (1.04-3.9x cuBLAS on the H200 at one row: lamina/bench/gemv_sweep.py), a few float32 rows on the
-    CPU to weight_major_matmul, the rest to F.linear."""
+    CPU to weight_major_matmul where it was measured faster on this machine (lamina/layers/cpu_matmul.py), the
+    rest to F.linear."""
     gemv = gemv_for(x, weight, kernels)
     if gemv is not None:
         out = gemv.gemv(x.reshape(-1, x.shape[-1]), weight, bias, pdl=pdl_for(x, kernels))
@@ -80,17 +82,6 @@ def small_batch_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     if weight_major_for(x, weight):
         return weight_major_matmul(x, weight, bias)
     return F.linear(x, weight, bias)
-
-
-def weight_major_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] @ weight[N, K].T as (weight @ x.T).T: the weight is the GEMM's streamed operand (see
-    lamina.layers.dispatch.CPU_WEIGHT_MAJOR_MAX_ROWS). A single row is doubled (by `cat`, cheaper than `repeat`),
-    since one column would take the GEMV path again."""
-    rows = x.reshape(-1, x.shape[-1])
-    m = rows.shape[0]
-    out = (weight @ (torch.cat((rows, rows)) if m == 1 else rows).t()).t()[:m]
-    out = (out + bias if bias is not None else out).contiguous()  # the sum keeps the transposed strides
-    return out.view(*x.shape[:-1], weight.shape[0])
 
 
 class DenseLinear(nn.Linear):

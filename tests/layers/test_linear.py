@@ -5,10 +5,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lamina.layers import cpu_matmul
+from lamina.layers.cpu_matmul import weight_major_matmul
 from lamina.layers.dispatch import CPU_WEIGHT_MAJOR_MAX_ROWS, weight_major_for
 from lamina.layers.linear import (LinearBase, MergedColumnParallelLinear, QKVParallelLinear, QuantMethod,
-                                  ReplicatedLinear, RowParallelLinear, UnquantizedLinearMethod, small_batch_matmul,
-                                  weight_major_matmul)
+                                  ReplicatedLinear, RowParallelLinear, UnquantizedLinearMethod, small_batch_matmul)
 
 GEN = torch.Generator().manual_seed(0)
 
@@ -96,10 +97,15 @@ def test_weight_major_matmul_is_the_linear_layer(lead: tuple[int, ...], with_bia
     torch.testing.assert_close(out, F.linear(x, weight, bias))
 
 
-def test_small_batch_matmul_takes_the_weight_major_path_for_a_few_float32_cpu_rows() -> None:
+@pytest.mark.parametrize("faster", [False, True])
+def test_small_batch_matmul_takes_the_weight_major_path_where_it_was_measured_faster(
+        faster: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     weight = rand(48, 32)
-    assert weight_major_for(rand(1, 32), weight) and weight_major_for(rand(CPU_WEIGHT_MAJOR_MAX_ROWS, 32), weight)
+    monkeypatch.setattr(cpu_matmul, "_choices", {(48, 32, rows): faster for rows in cpu_matmul.ROW_BUCKETS})
+    assert weight_major_for(rand(1, 32), weight) is faster
+    assert weight_major_for(rand(CPU_WEIGHT_MAJOR_MAX_ROWS, 32), weight) is faster
     assert not weight_major_for(rand(CPU_WEIGHT_MAJOR_MAX_ROWS + 1, 32), weight)
     assert not weight_major_for(rand(2, 32).double(), weight.double())
-    x = rand(CPU_WEIGHT_MAJOR_MAX_ROWS + 4, 32)
-    torch.testing.assert_close(small_batch_matmul(x, weight), F.linear(x, weight))
+    for rows in (1, 3, CPU_WEIGHT_MAJOR_MAX_ROWS + 4):
+        x = rand(rows, 32)
+        torch.testing.assert_close(small_batch_matmul(x, weight), F.linear(x, weight))
