@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import bisect
 import math
+import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -35,8 +36,11 @@ class StepCostModel:
     (median tokens, median seconds) once it has `min_samples` of them. Before that it stands for its fastest
     step, but never above what the measured buckets predict there: one slow step (a first use, a stall) makes
     a step size look no dearer than its neighbours until it is measured again, so the policy tries it again
-    instead of ruling it out for good. The points are made non-decreasing (isotonic) and joined linearly.
-    Where there are none:
+    instead of ruling it out for good. A bucket whose newest step is older than `max_age` seconds (at the
+    newest step observed) is stale and counts as unmeasured again; its next step replaces its old ones. So a
+    cost measured once and then never again, because it said drafting cannot pay (a warm-up's slow verify
+    steps, a host since grown faster), is tried again within max_age, at the price of a few steps of the
+    dearer kind. The points are made non-decreasing (isotonic) and joined linearly. Where there are none:
 
         no point at all      1.0 s at every count: drafts look free, so the first verify steps get measured
         below the first x0   y0 * T / x0, proportional: the base step looks cheap, so it gets measured
@@ -44,18 +48,26 @@ class StepCostModel:
                              clamped to [0, ym / xm]: optimistic, so speculating there gets measured
     """
 
-    def __init__(self, window: int = 16, min_samples: int = 3) -> None:
-        self.window, self.min_samples = window, min_samples
+    def __init__(self, window: int = 16, min_samples: int = 3, max_age: float = 4.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.window, self.min_samples, self.max_age, self.clock = window, min_samples, max_age, clock
         self._buckets: dict[int, deque[tuple[int, float]]] = {}
-        self._points: dict[int, tuple[float, float, int]] = {}  # bucket -> (tokens, seconds, steps), when clean
+        self._newest: dict[int, float] = {}  # bucket -> when its newest step was observed
+        self._now = 0.0  # when the newest step of all was observed: the curve's age is judged at it
+        # bucket -> (median tokens, median seconds, fastest seconds, steps), when clean
+        self._points: dict[int, tuple[float, float, float, int]] = {}
         self._curve: tuple[np.ndarray, np.ndarray] | None = None
         self._scalar: tuple[list[float], list[float], float] | None = None  # the curve as lists, and its slope
 
     def observe(self, num_tokens: int, seconds: float) -> None:
         if num_tokens <= 0 or not math.isfinite(seconds) or seconds <= 0:
             return
-        bucket = _bucket(num_tokens)
-        self._buckets.setdefault(bucket, deque(maxlen=self.window)).append((num_tokens, seconds))
+        bucket, now = _bucket(num_tokens), self.clock()
+        steps = self._buckets.setdefault(bucket, deque(maxlen=self.window))
+        if now - self._newest.get(bucket, now) > self.max_age:
+            steps.clear()  # stale: this step starts the bucket again
+        steps.append((num_tokens, seconds))
+        self._newest[bucket] = self._now = now
         self._points.pop(bucket, None)
         self._curve = self._scalar = None
 
@@ -85,15 +97,19 @@ class StepCostModel:
         for bucket in self._buckets.keys() - self._points.keys():
             steps = self._buckets[bucket]
             seconds = sorted(x for _, x in steps)
-            y = seconds[len(seconds) // 2] if len(steps) >= self.min_samples else seconds[0]
-            self._points[bucket] = (sorted(t for t, _ in steps)[len(steps) // 2], y, len(steps))
-        points = [self._points[b] for b in sorted(self._points)]
-        measured = [p for p in points if p[2] >= self.min_samples]
-        if measured and len(measured) < len(points):
-            xs, ys = _fit(measured)
+            tokens = sorted(t for t, _ in steps)[len(steps) // 2]
+            self._points[bucket] = (tokens, seconds[len(seconds) // 2], seconds[0], len(steps))
+        horizon = self._now - self.max_age
+        buckets = sorted(self._points)
+        measured = [self._points[b][3] >= self.min_samples and self._newest[b] >= horizon for b in buckets]
+        # (tokens, seconds, steps): a measured bucket's median step, an unmeasured or stale one's fastest
+        points = [(x, median if m else fastest, n)
+                  for (x, median, fastest, n), m in zip(map(self._points.__getitem__, buckets), measured)]
+        if any(measured) and not all(measured):
+            xs, ys = _fit([p for p, m in zip(points, measured) if m])
             slope = _slope(xs, ys)
-            points = [p if p[2] >= self.min_samples else (p[0], min(p[1], _evaluate_one(xs, ys, slope, p[0])), p[2])
-                      for p in points]
+            points = [p if m else (p[0], min(p[1], _evaluate_one(xs, ys, slope, p[0])), p[2])
+                      for p, m in zip(points, measured)]
         return _fit(points)
 
     def cost(self, num_tokens: int | np.ndarray) -> np.ndarray | float:

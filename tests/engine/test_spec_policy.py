@@ -194,6 +194,68 @@ def test_one_slow_step_does_not_rule_out_a_step_size_until_it_is_measured_again(
     assert model.cost(1) == pytest.approx(0.035)
 
 
+class Clock:
+    """A clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_cost_not_measured_for_max_age_seconds_is_measured_again() -> None:
+    """The warm-up's verify steps were slow (2.1 ms against 0.47 for a plain step) and said that no drafts could
+    pay, so none was ever measured again (the H200's batch-1 trace, session 31): a bucket whose newest step is
+    older than max_age counts as unmeasured until it is measured anew."""
+    clock = Clock()
+    model = StepCostModel(max_age=4.0, clock=clock)
+    for _ in range(3):
+        model.observe(4, 0.0021)
+        model.observe(1, 0.00047)
+    for _ in range(100):  # plain steps only, for 3.96 s: the verify steps' cost still stands
+        clock.now += 0.0396
+        model.observe(1, 0.00047)
+    assert model.cost(4) == pytest.approx(0.0021)
+    clock.now += 0.1
+    model.observe(1, 0.00047)  # 4.06 s after the last verify step
+    assert model.cost(4) == pytest.approx(0.00047)  # as the fresh curve predicts (flat beyond one point)
+    model.observe(4, 0.0014)  # measured again: the stale steps are gone, not pooled with the new ones
+    model.observe(4, 0.0015)
+    assert model.cost(4) == pytest.approx(0.00047)  # two new steps: still unmeasured
+    model.observe(4, 0.0013)
+    assert model.cost(4) == pytest.approx(0.0014)  # the median of the three new steps
+
+
+def test_when_every_cost_is_stale_each_bucket_stands_for_its_fastest_step() -> None:
+    """A long stretch without observed steps (the gate's plain windows) does not make every step look free."""
+    clock = Clock()
+    model = StepCostModel(max_age=4.0, clock=clock)
+    for seconds in (0.003, 0.002, 0.004):
+        model.observe(1024, seconds)
+        model.observe(256, seconds / 2)
+    clock.now += 60.0
+    model.observe(256, 0.0012)  # the first step after it: 256 fresh (one step), 1024 stale
+    assert model.cost(256) == pytest.approx(0.0012)  # unmeasured: its one step since (the stale ones are gone)
+    assert model.cost(1024) == pytest.approx(0.002)  # stale, nothing measured to cap it: its fastest
+
+
+def test_a_policy_drafts_again_once_a_dear_verify_cost_has_gone_stale() -> None:
+    clock = Clock()
+    policy = SpecPolicy(cost=StepCostModel(max_age=4.0, clock=clock), **GRAPHS)
+    ids = ["r0"]
+    for _ in range(20):  # every draft accepted so far
+        policy.observe_verifies(ids, [3], [3])
+    for _ in range(3):
+        policy.observe_step(4, 0.0021)
+        policy.observe_step(1, 0.00047)
+    assert policy.draft_limits(ids, [3]) == [0]  # 4 tokens in 4.5 plain steps: not even certain drafts pay
+    for _ in range(50):  # 5 s of plain steps
+        clock.now += 0.1
+        policy.observe_step(1, 0.00047)
+    assert policy.draft_limits(ids, [3]) == [3]
+
+
 def test_cold_start_measures_then_decides() -> None:
     policy, ids = SpecPolicy(), [f"r{i}" for i in range(4)]
     assert policy.draft_limits(ids, [3] * 4) == [3] * 4  # prior 0.5, nothing measured
