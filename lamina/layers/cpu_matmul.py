@@ -1,16 +1,16 @@
 """Which float32 CPU matmul computes a few rows faster on this machine: measured once per weight shape.
 
     F.linear(x, W)      MKL's own choice for x [m, K] @ W[N, K].T
-    (W @ x.T).T         weight-major (lamina.layers.linear.weight_major_matmul): the weight is the GEMM's streamed
-                        operand
+    (W @ x.T).T         weight-major (weight_major_matmul below): the weight is the GEMM's streamed operand
 
 Which wins depends on the CPU, not on the shapes alone. On the 2-core AMD EPYC of earlier sessions MKL took a
 one-thread GEMV at 1 row and a slow small-M GEMM at 2-8 rows, and weight-major was ~2.5x faster over the demo
-model's weights; on a 2-core Intel Xeon (AVX-512, 300 MiB L3) F.linear is ~4x faster at one row and weight-major
-made the demo model's decode 1.7x slower (docs/BENCHMARKS.md, thirty-second session). So the first few-row matmul
-of each weight shape times both at 1, 2, 4 and 8 rows (ROW_BUCKETS; 3-4 rows take 4's answer, 5-8 take 8's) and
-keeps the faster; F.linear unless weight-major is faster by MARGIN (in doubt, the standard path). A shape costs
-~4 x 2 x (1 + ROUNDS) of its matmuls once: tens of milliseconds for the demo model's five shapes.
+model's weights; on a 2-core Intel Xeon (AVX-512, 300 MiB L3) F.linear is ~3-4x faster at one row and weight-major
+made the demo model's decode 1.4-1.9x slower (docs/BENCHMARKS.md, thirty-second session). So the first few-row
+matmul of each weight shape times both at 1, 2, 4 and 8 rows (ROW_BUCKETS; 3-4 rows take 4's answer, 5-8 take 8's)
+and keeps the faster; F.linear unless weight-major is faster by MARGIN (in doubt, the standard path). A shape
+costs ~4 x 2 x (1 + ROUNDS) of its matmuls once: tens of milliseconds for the demo model's five shapes. The two
+paths differ only in float rounding (the order of the sums), and a process keeps its choices.
 """
 from __future__ import annotations
 
