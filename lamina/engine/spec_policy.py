@@ -24,8 +24,9 @@ cost, and the new measurement decides. The engine-wide rate is the drafter's, re
 went badly is tried again within tens of steps rather than judged by a prior that has sunk with it. A step is a
 call of observe_requests (n-gram: a decision) or of `tick` (the worker's proposers: each step of the gate's SPEC
 arm without drafts). The cost model answers a bucket's minimum until it has `min_samples` steps, so an unlucky
-slow step is measured again. Not explored: estimates that say drafting cannot pay are not measured again (a
-verify step's cost from the warm-up, an acceptance never measured: docs/speculative.md, Not yet).
+slow step is measured again, and a bucket not measured for `max_age` seconds counts as unmeasured again: a verify
+cost that said drafting cannot pay (the warm-up's) then looks as cheap as the fresh plain steps predict, the
+policy drafts, and the new verify steps measure both the cost and the acceptance of the requests that drafted.
 """
 from __future__ import annotations
 
