@@ -14,14 +14,22 @@ One forward serves prefill, decode and mixed batches: a decode is simply q_i == 
 tree_mask (tree drafts, lamina/spec/draft_tree.py), in place of the causal rule: query token t sees the keys
 [0, ctx[t]) of its sequence and key ctx[t] + b for each bit b of bits[t] (b < 63); a causal token has
 ctx = its own key's index + 1 and no bits.
+
+What every layer of one forward derives alike from the metadata (the torch path's gather indices and masks)
+is made once, by the first layer that asks (`AttentionMetadata.memo`), and forgotten when a forward enters
+`set_attention_metadata`: a captured forward's metadata tensors are static buffers, refilled in place between
+replays.
 """
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -69,6 +77,13 @@ class AttentionMetadata:
     # the shortest sequence's q_len where query_start_loc_cpu does not give it: a CUDA graph's rows change at every
     # replay (lamina/graphs.py: 1); None: read from query_start_loc_cpu
     min_query_len: int | None = None
+    _memo: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)  # `memo`'s, this forward's
+
+    def memo(self, key: Any, make: Callable[[], T]) -> T:
+        """make(), once per forward (module docstring): what the layers derive alike from this metadata."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
 
     @property
     def num_seqs(self) -> int:
@@ -106,6 +121,8 @@ _current: AttentionMetadata | None = None
 def set_attention_metadata(metadata: AttentionMetadata | None) -> Iterator[None]:
     """Make `metadata` visible to every attention layer for the duration of one forward."""
     global _current
+    if metadata is not None:
+        metadata._memo.clear()
     previous, _current = _current, metadata
     try:
         yield

@@ -19,6 +19,8 @@ e4m3(clamp(x / scale, +-448)) and is read back as float32(e4m3) * scale.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -38,26 +40,40 @@ def dequantize(x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
     return x.float() if scale is None else x.float() * scale[:, None]
 
 
-def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor, kv_scales: KVScales | None = None) -> None:
-    """Write k, v [T, num_kv_heads, head_dim] into the caches at `slot_mapping` [T]; slot -1 is skipped."""
-    if slot_mapping.numel() and int(slot_mapping.min()) < 0:  # padding rows: drop them first
+def stored_rows(slot_mapping: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(the rows of a step's k, v to store, None for all; their slots): padding rows (slot -1) dropped."""
+    if slot_mapping.numel() and int(slot_mapping.min()) < 0:
         keep = slot_mapping >= 0
-        k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
+        return keep, slot_mapping[keep]
+    return None, slot_mapping
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor, kv_scales: KVScales | None = None,
+             rows: tuple[torch.Tensor | None, torch.Tensor] | None = None) -> None:
+    """Write k, v [T, num_kv_heads, head_dim] into the caches at `slot_mapping` [T]; slot -1 is skipped.
+    rows: `stored_rows(slot_mapping)`, where the caller has it already."""
+    keep, slots = rows or stored_rows(slot_mapping)
+    if keep is not None:
+        k, v = k[keep], v[keep]
     for x, cache, scale in ((k, k_cache, None if kv_scales is None else kv_scales[0]),
                             (v, v_cache, None if kv_scales is None else kv_scales[1])):
         x = x.to(cache.dtype) if scale is None else quantize_fp8(x, scale, cache.dtype)
         if cache.element_size() == 1:  # index_copy_ has no fp8 kernel on the CPU: copy the bytes
             cache, x = cache.view(torch.uint8), x.view(torch.uint8)
-        cache.view(-1, *cache.shape[2:]).index_copy_(0, slot_mapping, x)
+        cache.view(-1, *cache.shape[2:]).index_copy_(0, slots, x)
 
 
-def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """The first `num_tokens` entries of one sequence: [num_tokens, num_kv_heads, head_dim]."""
-    block_size = cache.shape[1]
-    num_blocks = -(-num_tokens // block_size)
-    blocks = cache[block_table[:num_blocks].long()]  # [n, block_size, kv_heads, head_dim]
-    return blocks.flatten(0, 1)[:num_tokens]
+def block_ids(block_tables: torch.Tensor, num_tokens: int, block_size: int) -> torch.Tensor:
+    """The int64 ids of the blocks that hold a sequence's first `num_tokens` entries: [..., n] of [..., max_blocks]."""
+    return block_tables[..., :-(-num_tokens // block_size)].long()
+
+
+def gather_kv(cache: torch.Tensor, blocks: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """The first `num_tokens` entries held by `blocks` ([n], or [B, n] for B sequences):
+    [num_tokens, num_kv_heads, head_dim] (or [B, num_tokens, ...])."""
+    gathered = cache.index_select(0, blocks.reshape(-1))  # [B * n, block_size, kv_heads, head_dim]
+    return gathered.view(*blocks.shape[:-1], -1, *cache.shape[2:]).narrow(-3, 0, num_tokens)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -69,61 +85,101 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
                                           enable_gqa=q.shape[1] != k.shape[1])
 
 
-def _prefill_one(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                 seq_len: int, scale: float, kv_scales: KVScales | None, mask: torch.Tensor | None = None
-                 ) -> torch.Tensor:
-    """One sequence with q [q_len, H, D] new tokens at the end of its seq_len context (or seeing the keys of
-    `mask` [q_len, seq_len])."""
-    q_len = q.shape[0]
+def _causal_mask(q_len: int, seq_len: int, device: torch.device) -> torch.Tensor:
+    """[q_len, seq_len] bool: the last q_len positions of a seq_len context, each seeing its own past."""
+    query_pos = torch.arange(seq_len - q_len, seq_len, device=device)
+    return torch.arange(seq_len, device=device)[None, :] <= query_pos[:, None]
+
+
+def _prefill_one(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor,
+                 seq_len: int, scale: float, kv_scales: KVScales | None, mask: torch.Tensor) -> torch.Tensor:
+    """One sequence with q [q_len, H, D] new tokens, seeing the keys of `mask` [q_len, seq_len] among the seq_len
+    entries that `blocks` hold."""
     k_scale, v_scale = kv_scales or (None, None)
-    k = dequantize(gather_kv(k_cache, block_table, seq_len), k_scale)
-    v = dequantize(gather_kv(v_cache, block_table, seq_len), v_scale)
-    if mask is None:
-        query_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
-        key_pos = torch.arange(seq_len, device=q.device)
-        mask = key_pos[None, :] <= query_pos[:, None]  # [q_len, seq_len]
+    k = dequantize(gather_kv(k_cache, blocks, seq_len), k_scale)
+    v = dequantize(gather_kv(v_cache, blocks, seq_len), v_scale)
     out = _attend(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                   mask[None, None], scale)
     return out[0].transpose(0, 1)  # [q_len, H, D]
 
 
-def _decode_batch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+@dataclass
+class DecodePlan:
+    """What every layer of a forward gathers for its one-token sequences: their blocks [B, n], the longest
+    length, and which keys each sees ([B, 1, 1, max_len]; None for one sequence, which sees them all)."""
+
+    blocks: torch.Tensor
+    max_len: int
+    mask: torch.Tensor | None
+
+    @classmethod
+    def of(cls, block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> DecodePlan:
+        max_len = int(seq_lens.max())
+        mask = None
+        if seq_lens.shape[0] > 1:
+            key_pos = torch.arange(max_len, device=seq_lens.device)
+            mask = (key_pos[None, :] < seq_lens[:, None])[:, None, None]
+        return cls(block_ids(block_tables, max_len, block_size), max_len, mask)
+
+
+def _decode_batch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodePlan, scale: float,
                   kv_scales: KVScales | None) -> torch.Tensor:
     """B sequences with one query token each (q [B, H, D]), batched over a padded gather."""
-    block_size = k_cache.shape[1]
-    max_len = int(seq_lens.max())
-    num_blocks = -(-max_len // block_size)
-    table = block_tables[:, :num_blocks].long()
     k_scale, v_scale = kv_scales or (None, None)
-    k = dequantize(k_cache[table].flatten(1, 2)[:, :max_len], k_scale)  # [B, S, KV, D]
-    v = dequantize(v_cache[table].flatten(1, 2)[:, :max_len], v_scale)
-    key_pos = torch.arange(max_len, device=q.device)
-    mask = key_pos[None, :] < seq_lens[:, None].to(q.device)  # [B, S]
-    out = _attend(q[:, :, None], k.transpose(1, 2), v.transpose(1, 2), mask[:, None, None], scale)
+    k = dequantize(gather_kv(k_cache, plan.blocks, plan.max_len), k_scale)  # [B, S, KV, D]
+    v = dequantize(gather_kv(v_cache, plan.blocks, plan.max_len), v_scale)
+    out = _attend(q[:, :, None], k.transpose(1, 2), v.transpose(1, 2), plan.mask, scale)
     return out[:, :, 0]  # [B, H, D]
+
+
+def _decode_rows(metadata: AttentionMetadata) -> list[int]:
+    """The sequences of a batch with one query token (none with a tree mask: every row follows the tree)."""
+    starts = metadata.query_start_loc_cpu
+    if metadata.tree_mask is not None:
+        return []
+    return [i for i in range(metadata.num_seqs) if starts[i + 1] - starts[i] == 1]
+
+
+def _mixed_decode_plan(metadata: AttentionMetadata, decode: list[int], block_size: int, device: torch.device
+                       ) -> tuple[torch.Tensor, DecodePlan]:
+    """The query rows of a mixed batch's one-token sequences, and their DecodePlan."""
+    rows = torch.tensor([metadata.query_start_loc_cpu[i] for i in decode], device=device)
+    index = torch.tensor(decode, device=metadata.block_tables.device)
+    plan = DecodePlan.of(metadata.block_tables[index], metadata.seq_lens[index], block_size)
+    return rows, plan
+
+
+def _prefill_plan(metadata: AttentionMetadata, i: int, block_size: int, device: torch.device
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequence i's blocks and what its query tokens see."""
+    start, end, seq_len, tree = (metadata.query_start_loc_cpu[i], metadata.query_start_loc_cpu[i + 1],
+                                 metadata.seq_lens_cpu[i], metadata.tree_mask)
+    mask = (_causal_mask(end - start, seq_len, device) if tree is None
+            else tree.dense(start, end, seq_len).to(device))  # a no-op on CPU
+    return block_ids(metadata.block_tables[i], seq_len, block_size), mask
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     metadata: AttentionMetadata, scale: float, kv_scales: KVScales | None = None) -> torch.Tensor:
-    """Causal attention of q [T, num_heads, head_dim] over the paged cache -> [T, num_heads, head_dim]."""
-    starts, seq_lens, tree = metadata.query_start_loc_cpu, metadata.seq_lens_cpu, metadata.tree_mask
-    decode = [] if tree is not None else [i for i in range(metadata.num_seqs) if starts[i + 1] - starts[i] == 1]
+    """Causal attention of q [T, num_heads, head_dim] over the paged cache -> [T, num_heads, head_dim].
+
+    The gather indices and masks are the same in every layer: made once per forward (`metadata.memo`)."""
+    block_size, starts = k_cache.shape[1], metadata.query_start_loc_cpu
+    decode = metadata.memo("decode_rows", lambda: _decode_rows(metadata))
     if len(decode) == metadata.num_seqs:  # a pure decode batch: no scatter into rows needed
-        out = _decode_batch(q, k_cache, v_cache, metadata.block_tables, metadata.seq_lens, scale, kv_scales)
-        return out.to(q.dtype)
+        plan = metadata.memo("decode", lambda: DecodePlan.of(metadata.block_tables, metadata.seq_lens, block_size))
+        return _decode_batch(q, k_cache, v_cache, plan, scale, kv_scales).to(q.dtype)
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     if decode:
-        rows = torch.tensor([starts[i] for i in decode], device=q.device)
-        index = torch.tensor(decode, device=metadata.block_tables.device)
-        out[rows] = _decode_batch(q[rows], k_cache, v_cache, metadata.block_tables[index],
-                                  metadata.seq_lens[index], scale, kv_scales)
+        rows, plan = metadata.memo("mixed_decode", lambda: _mixed_decode_plan(metadata, decode, block_size, q.device))
+        out[rows] = _decode_batch(q[rows], k_cache, v_cache, plan, scale, kv_scales)
     for i in range(metadata.num_seqs):
         start, end = starts[i], starts[i + 1]
-        if end - start > 1 or tree is not None:
-            mask = None if tree is None else tree.dense(start, end, seq_lens[i]).to(q.device)  # a no-op on CPU
-            out[start:end] = _prefill_one(q[start:end], k_cache, v_cache, metadata.block_tables[i],
-                                          seq_lens[i], scale, kv_scales, mask)
+        if end - start > 1 or metadata.tree_mask is not None:
+            blocks, mask = metadata.memo(("prefill", i),
+                                         lambda i=i: _prefill_plan(metadata, i, block_size, q.device))
+            out[start:end] = _prefill_one(q[start:end], k_cache, v_cache, blocks, metadata.seq_lens_cpu[i], scale,
+                                          kv_scales, mask)
     return out.to(q.dtype)
 
 
@@ -131,5 +187,6 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Te
             v_cache: torch.Tensor, metadata: AttentionMetadata, scale: float,
             kv_scales: KVScales | None = None) -> torch.Tensor:
     """Store this step's k, v, then attend: the whole backend contract in one call."""
-    store_kv(k, v, k_cache, v_cache, metadata.slot_mapping, kv_scales)
+    rows = metadata.memo("stored_rows", lambda: stored_rows(metadata.slot_mapping))
+    store_kv(k, v, k_cache, v_cache, metadata.slot_mapping, kv_scales, rows)
     return paged_attention(q, k_cache, v_cache, metadata, scale, kv_scales)
