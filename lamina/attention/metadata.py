@@ -18,7 +18,7 @@ ctx = its own key's index + 1 and no bits.
 What every layer of one forward derives alike from the metadata (the torch path's gather indices and masks)
 is made once, by the first layer that asks (`AttentionMetadata.memo`), and forgotten when a forward enters
 `set_attention_metadata`: a captured forward's metadata tensors are static buffers, refilled in place between
-replays.
+replays. Outside that context nothing is kept.
 """
 from __future__ import annotations
 
@@ -80,7 +80,10 @@ class AttentionMetadata:
     _memo: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)  # `memo`'s, this forward's
 
     def memo(self, key: Any, make: Callable[[], T]) -> T:
-        """make(), once per forward (module docstring): what the layers derive alike from this metadata."""
+        """make(), once per forward (module docstring): what the layers derive alike from this metadata. Outside
+        its set_attention_metadata context (a direct call), made afresh each time."""
+        if _current is not self:
+            return make()
         if key not in self._memo:
             self._memo[key] = make()
         return self._memo[key]

@@ -62,6 +62,42 @@ def test_paged_attention_matches_dense(seq_lens: list[int], q_lens: list[int]) -
         torch.testing.assert_close(out[starts[i]:starts[i + 1]], expected, atol=1e-5, rtol=1e-5)
 
 
+def test_a_forward_makes_what_its_layers_share_once() -> None:
+    """metadata.memo: once inside one set_attention_metadata context, afresh on entering it again (a captured
+    forward's buffers are refilled in place between replays), never kept outside it."""
+    metadata, calls = build_metadata([([1], 0, 3)], BS), []
+
+    def make() -> int:
+        calls.append(1)
+        return len(calls)
+    with set_attention_metadata(metadata):
+        assert metadata.memo("key", make) == metadata.memo("key", make) == 1
+    with set_attention_metadata(metadata):
+        assert metadata.memo("key", make) == 2
+    assert metadata.memo("key", make) == 3 and metadata.memo("key", make) == 4
+
+
+def test_static_metadata_refilled_in_place_between_forwards_is_read_afresh() -> None:
+    """The same metadata object, its tensors rewritten in place between two forwards (as a captured graph's
+    buffers are): each forward attends over its own sequences, mixed decode + prefill, not the first one's."""
+    gen = torch.Generator().manual_seed(7)
+    k_cache, v_cache = torch.randn(16, BS, KV, D, generator=gen), torch.randn(16, BS, KV, D, generator=gen)
+    layer = Attention(H, KV, D, SCALE)
+    layer.kv_cache = (k_cache, v_cache)
+    metadata = build_metadata([([3, 4, 5], 9, 1), ([6, 7], 5, 2)], BS)
+    q, k, v = torch.randn(3, H * D, generator=gen), torch.randn(3, KV * D, generator=gen), torch.randn(3, KV * D)
+    with set_attention_metadata(metadata):
+        layer(q, k, v)
+    second = build_metadata([([8, 9, 10], 11, 1), ([11, 12], 4, 2)], BS)
+    for name in ("slot_mapping", "query_start_loc", "seq_lens", "block_tables"):
+        getattr(metadata, name).copy_(getattr(second, name))
+    metadata.seq_lens_cpu[:] = second.seq_lens_cpu
+    with set_attention_metadata(metadata):
+        out = layer(q, k, v)
+    expected = torch_ref.paged_attention(q.view(3, H, D), k_cache, v_cache, second, SCALE)  # stored by the call
+    torch.testing.assert_close(out, expected.reshape(3, H * D))
+
+
 def test_store_kv_skips_slot_minus_one() -> None:
     k_cache, v_cache = torch.zeros(3, BS, KV, D), torch.zeros(3, BS, KV, D)
     k, v = torch.randn(3, KV, D), torch.randn(3, KV, D)
