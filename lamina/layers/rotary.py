@@ -116,10 +116,10 @@ class RotaryEmbedding(nn.Module):
             ops.rotary_inplace(q, k, self.cos_sin_cache, positions, self.head_dim, pdl=pdl_for(q, self.kernels))
             return q, k
         cos, sin = self.cos_sin_cache.index_select(0, positions)[:, None, :].chunk(2, dim=-1)
-        q_shape, k_shape = q.shape, k.shape
-        q = _rotate(q.view(q.shape[0], -1, self.head_dim), cos, sin)
-        k = _rotate(k.view(k.shape[0], -1, self.head_dim), cos, sin)
-        return q.view(q_shape), k.view(k_shape)
+        q_heads = q.view(q.shape[0], -1, self.head_dim)
+        qk = torch.cat((q_heads, k.view(k.shape[0], -1, self.head_dim)), dim=1)  # one rotation for both
+        q_out, k_out = _rotate(qk, cos, sin).split([q_heads.shape[1], qk.shape[1] - q_heads.shape[1]], dim=1)
+        return q_out.reshape(q.shape), k_out.reshape(k.shape)
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}"
