@@ -77,7 +77,8 @@ class AttentionMetadata:
     # the shortest sequence's q_len where query_start_loc_cpu does not give it: a CUDA graph's rows change at every
     # replay (lamina/graphs.py: 1); None: read from query_start_loc_cpu
     min_query_len: int | None = None
-    _memo: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)  # `memo`'s, this forward's
+    # `memo`'s, this forward's; not an init field, so a dataclasses.replace copy starts with its own
+    _memo: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def memo(self, key: Any, make: Callable[[], T]) -> T:
         """make(), once per forward (module docstring): what the layers derive alike from this metadata. Outside

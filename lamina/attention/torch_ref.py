@@ -113,12 +113,13 @@ class DecodePlan:
     mask: torch.Tensor | None
 
     @classmethod
-    def of(cls, block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> DecodePlan:
+    def of(cls, block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int, device: torch.device
+           ) -> DecodePlan:
         max_len = int(seq_lens.max())
         mask = None
         if seq_lens.shape[0] > 1:
-            key_pos = torch.arange(max_len, device=seq_lens.device)
-            mask = (key_pos[None, :] < seq_lens[:, None])[:, None, None]
+            key_pos = torch.arange(max_len, device=device)
+            mask = (key_pos[None, :] < seq_lens[:, None].to(device))[:, None, None]  # on the queries' device
         return cls(block_ids(block_tables, max_len, block_size), max_len, mask)
 
 
@@ -145,7 +146,7 @@ def _mixed_decode_plan(metadata: AttentionMetadata, decode: list[int], block_siz
     """The query rows of a mixed batch's one-token sequences, and their DecodePlan."""
     rows = torch.tensor([metadata.query_start_loc_cpu[i] for i in decode], device=device)
     index = torch.tensor(decode, device=metadata.block_tables.device)
-    plan = DecodePlan.of(metadata.block_tables[index], metadata.seq_lens[index], block_size)
+    plan = DecodePlan.of(metadata.block_tables[index], metadata.seq_lens[index], block_size, device)
     return rows, plan
 
 
@@ -167,7 +168,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     block_size, starts = k_cache.shape[1], metadata.query_start_loc_cpu
     decode = metadata.memo("decode_rows", lambda: _decode_rows(metadata))
     if len(decode) == metadata.num_seqs:  # a pure decode batch: no scatter into rows needed
-        plan = metadata.memo("decode", lambda: DecodePlan.of(metadata.block_tables, metadata.seq_lens, block_size))
+        plan = metadata.memo("decode", lambda: DecodePlan.of(metadata.block_tables, metadata.seq_lens, block_size,
+                                                             q.device))
         return _decode_batch(q, k_cache, v_cache, plan, scale, kv_scales).to(q.dtype)
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     if decode:

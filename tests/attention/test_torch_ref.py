@@ -1,6 +1,8 @@
 """The reference paged attention against dense attention written out by hand (float64)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -75,6 +77,17 @@ def test_a_forward_makes_what_its_layers_share_once() -> None:
     with set_attention_metadata(metadata):
         assert metadata.memo("key", make) == 2
     assert metadata.memo("key", make) == 3 and metadata.memo("key", make) == 4
+
+
+def test_a_replaced_metadata_keeps_its_own_memo() -> None:
+    """A forward nested in another, over a dataclasses.replace copy of its metadata, leaves the outer one's memo."""
+    outer = build_metadata([([1], 0, 3)], BS)
+    inner = dataclasses.replace(outer, max_query_len=1)
+    with set_attention_metadata(outer):
+        assert outer.memo("key", lambda: "outer") == "outer"
+        with set_attention_metadata(inner):
+            assert inner.memo("key", lambda: "inner") == "inner"
+        assert outer.memo("key", lambda: "made again") == "outer"
 
 
 def test_static_metadata_refilled_in_place_between_forwards_is_read_afresh() -> None:
