@@ -49,11 +49,14 @@ def stored_rows(slot_mapping: torch.Tensor) -> tuple[torch.Tensor | None, torch.
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor, kv_scales: KVScales | None = None,
-             rows: tuple[torch.Tensor | None, torch.Tensor] | None = None) -> None:
-    """Write k, v [T, num_kv_heads, head_dim] into the caches at `slot_mapping` [T]; slot -1 is skipped.
-    rows: `stored_rows(slot_mapping)`, where the caller has it already."""
-    keep, slots = rows or stored_rows(slot_mapping)
+             slot_mapping: torch.Tensor, kv_scales: KVScales | None = None) -> None:
+    """Write k, v [T, num_kv_heads, head_dim] into the caches at `slot_mapping` [T]; slot -1 is skipped."""
+    _store_rows(k, v, k_cache, v_cache, *stored_rows(slot_mapping), kv_scales)
+
+
+def _store_rows(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                keep: torch.Tensor | None, slots: torch.Tensor, kv_scales: KVScales | None) -> None:
+    """store_kv with its `stored_rows` given."""
     if keep is not None:
         k, v = k[keep], v[keep]
     for x, cache, scale in ((k, k_cache, None if kv_scales is None else kv_scales[0]),
@@ -189,6 +192,6 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Te
             v_cache: torch.Tensor, metadata: AttentionMetadata, scale: float,
             kv_scales: KVScales | None = None) -> torch.Tensor:
     """Store this step's k, v, then attend: the whole backend contract in one call."""
-    rows = metadata.memo("stored_rows", lambda: stored_rows(metadata.slot_mapping))
-    store_kv(k, v, k_cache, v_cache, metadata.slot_mapping, kv_scales, rows)
+    keep, slots = metadata.memo("stored_rows", lambda: stored_rows(metadata.slot_mapping))
+    _store_rows(k, v, k_cache, v_cache, keep, slots, kv_scales)
     return paged_attention(q, k_cache, v_cache, metadata, scale, kv_scales)
