@@ -43,6 +43,8 @@ _HELP = {
     "gpu_memory_utilization": "CUDA: share of GPU memory for weights, activations and the KV cache, in (0, 1]",
     "enforce_eager": "never capture CUDA graphs (decode batches are captured on CUDA with the triton backend)",
     "cuda_graph_max_batch_size": "largest decode batch captured as a CUDA graph",
+    "cuda_graph_prefill_tokens": "prompt chunks of 1, 2 or 4 requests up to this many tokens replay CUDA graphs "
+                                 "(0: eager)",
     "async_scheduling": "launch the next decode step while the host processes the current one's tokens",
     "enable_pdl": "on sm_90+ GPUs, start each Triton kernel of a step while the one before it finishes "
                   "(programmatic dependent launch)",

@@ -245,6 +245,9 @@ class EngineConfig:
     attention_backend: str = "auto"
     enforce_eager: bool = False  # True: no CUDA graphs (they are used on CUDA with the triton backend)
     cuda_graph_max_batch_size: int = 256  # decode batches up to this size are captured
+    # Prompt chunks of 1, 2 or 4 rows are captured too, in graphs of up to this many token slots (16, 32, .. tokens a
+    # row: lamina/worker/cuda_graphs.py); 0: prompt chunks always run eagerly
+    cuda_graph_prefill_tokens: int = 256
     # Launch the next decode step before the current one's tokens reach the host (scheduler.schedule_ahead)
     async_scheduling: bool = True
     # The Triton kernels of a step launch with programmatic dependent launch on sm_90+ GPUs (each starts while the
@@ -270,6 +273,8 @@ class EngineConfig:
         size = self.cuda_graph_max_batch_size
         _require(isinstance(size, int) and not isinstance(size, bool) and size > 0,
                  "cuda_graph_max_batch_size", f"must be a positive integer, got {size!r}")
+        _require(_is_int(self.cuda_graph_prefill_tokens) and self.cuda_graph_prefill_tokens >= 0,
+                 "cuda_graph_prefill_tokens", f"must be an integer >= 0, got {self.cuda_graph_prefill_tokens!r}")
         _require(self.tensor_parallel_size == 1 or self.cache_config.kv_cache_dtype == "auto", "kv_cache_dtype",
                  f"{self.cache_config.kv_cache_dtype!r} with tensor_parallel_size > 1 is not supported yet; "
                  "use 'auto'")

@@ -1,16 +1,17 @@
 """Where a step's host time goes, with and without speculation (issue #12).
 
     python scripts/profile_spec.py [--model DIR] [--methods ngram] [--new-tokens 512] [--batch-size 1] [--top 30]
-                                   [--sort tottime|cumtime] [--profiler cprofile|torch|timeline|none]
+                                   [--sort tottime|cumtime] [--profiler cprofile|torch|timeline|none] [--prompt TEXT]
 
-Batch 1: one long greedy and one T=0.6 generation per engine; a larger batch: the throughput prompts of
-lamina.bench.spec at T=0.6. Each under cProfile; prints each engine's step times by kind (from the engine's step
-log), the host time of its speculator's decisions (SpecDecodeStats.draft_seconds over policy_steps) and the
-functions with the most own (or cumulative) time. Each kind of step shows its mean wall time and, in brackets,
-the part of it the host spent in the step's `result()` (waiting for its tokens, then a worker-side proposer's
-drafting launch). --profiler torch: the device's kernels instead (torch.profiler: device time a step, by kernel);
-timeline: the device's busy stretches and the idle gaps between them (torch.profiler's timestamps: how much of a
-step the device waits for the host, and where); none: the step times alone, without a profiler's overhead.
+Batch 1: one long greedy and one T=0.6 generation per engine (of --prompt: a repetitive one makes every step of
+n-gram with k fixed a verify step of k + 1 tokens, so that the kernels a step are a verify step's); a larger batch:
+the throughput prompts of lamina.bench.spec at T=0.6. Each under cProfile; prints each engine's step times by kind
+(from the engine's step log), the host time of its speculator's decisions (SpecDecodeStats.draft_seconds over
+policy_steps) and the functions with the most own (or cumulative) time. Each kind of step shows its mean wall time
+and, in brackets, the part of it the host spent in the step's `result()` (waiting for its tokens, then a worker-side
+proposer's drafting launch). --profiler torch: the device's kernels instead (torch.profiler: device time a step, by
+kernel); timeline: the device's busy stretches and the idle gaps between them (torch.profiler's timestamps: how much
+of a step the device waits for the host, and where); none: the step times alone, without a profiler's overhead.
 --methods: bench labels (lamina.bench.spec.spec_config: ngram, eagle, draft_model, eagle-fixed, ngram@3, ...).
 """
 from __future__ import annotations
@@ -29,9 +30,9 @@ from lamina.bench.spec import PROMPT_SETS, spec_config
 PROMPT = "def fibonacci(n):\n"
 
 
-def prompts_for(batch_size: int) -> list[str]:
+def prompts_for(batch_size: int, prompt: str = PROMPT) -> list[str]:
     if batch_size == 1:
-        return [PROMPT]
+        return [prompt]
     everything = [p for prompts in PROMPT_SETS.values() for p in prompts]
     return list(itertools.islice(itertools.cycle(everything), batch_size))
 
@@ -84,7 +85,7 @@ def print_timeline(profiler: torch.profiler.profile, steps: int, show: int = 24)
 
 def profile(label: str, spec: dict | None, args: argparse.Namespace) -> None:
     llm = LLM(model=args.model, speculative_config=spec, gpu_memory_utilization=0.3)
-    prompts = prompts_for(args.batch_size)
+    prompts = prompts_for(args.batch_size, args.prompt)
     llm.generate(prompts, SamplingParams(max_tokens=16), use_tqdm=False)
     for temperature in (0.0, 0.6) if args.batch_size == 1 else (0.6,):
         params = SamplingParams(temperature=temperature, max_tokens=args.new_tokens, ignore_eos=True, seed=0)
@@ -128,6 +129,7 @@ def main() -> None:
     parser.add_argument("--methods", default="ngram", help="comma-separated bench labels (default: ngram)")
     parser.add_argument("--sort", choices=("tottime", "cumtime"), default="tottime")
     parser.add_argument("--profiler", choices=("cprofile", "torch", "timeline", "none"), default="cprofile")
+    parser.add_argument("--prompt", default=PROMPT, help="the prompt at batch 1")
     args = parser.parse_args()
     if args.batch_size < 1:
         parser.error(f"--batch-size must be >= 1, got {args.batch_size}")

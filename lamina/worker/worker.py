@@ -161,8 +161,8 @@ class Worker:
         return kv_cache_bytes_per_block(self.rank_arch, block_size, self.kv_dtype) + own
 
     def _capture_graphs(self, max_num_seqs: int) -> CudaGraphRunner | None:
-        """Capture decode steps (and verify steps, when drafting) on CUDA with the Triton kernels (unless
-        enforce_eager); None: eager."""
+        """Capture decode steps (and verify steps, when drafting, and small prompt chunks) on CUDA with the Triton
+        kernels (unless enforce_eager); None: eager."""
         backend = self._attention_backend()
         capture, why = graph_decision(self.device, self.config.enforce_eager, backend,
                                       self._triton_kernels_supported(backend))
@@ -173,11 +173,14 @@ class Worker:
         spec = self.config.speculative_config
         query_lens = (1,) if spec is None else spec.verify_query_lens  # decode, verify
         graphs = CudaGraphRunner(self.model, max_batch, self.max_model_len, self.config.cache_config.block_size,
-                                 self.device, query_lens=query_lens, tree=self.tree is not None)
+                                 self.device, query_lens=query_lens, tree=self.tree is not None,
+                                 prefill_tokens=self.config.cuda_graph_prefill_tokens)
         start = time.perf_counter()
         graphs.capture_all()
-        logger.info("CUDA graphs: %d buckets (1..%d) x query lengths %s captured in %.1f s", len(graphs.buckets),
-                    max_batch, list(query_lens), time.perf_counter() - start)
+        logger.info("CUDA graphs: %d buckets (1..%d) x query lengths %s, prompt chunks in %s, captured in %.1f s",
+                    len(graphs.buckets), max_batch, list(query_lens),
+                    {q: s.buckets for q, s in graphs.sets.items() if q not in query_lens} or "none",
+                    time.perf_counter() - start)
         return graphs
 
     def _attention_backend(self) -> str:

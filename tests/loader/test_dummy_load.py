@@ -56,6 +56,8 @@ def test_config_file_needs_dummy_and_no_tokenizer(config_path: str) -> None:
     (lambda: CacheConfig(gpu_memory_utilization=True), "gpu_memory_utilization"),
     (lambda: EngineConfig(ModelConfig(model="m"), enforce_eager="yes"), "enforce_eager"),
     (lambda: EngineConfig(ModelConfig(model="m"), cuda_graph_max_batch_size=0), "cuda_graph_max_batch_size"),
+    (lambda: EngineConfig(ModelConfig(model="m"), cuda_graph_prefill_tokens=-1), "cuda_graph_prefill_tokens"),
+    (lambda: EngineConfig(ModelConfig(model="m"), cuda_graph_prefill_tokens=1.5), "cuda_graph_prefill_tokens"),
 ])
 def test_validation_names_the_field(make, field: str) -> None:
     with pytest.raises(ValueError, match=field):
@@ -66,8 +68,8 @@ def test_cli_flags(config_path: str) -> None:
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     args = parser.parse_args(["--load-format", "dummy", "--gpu-memory-utilization", "0.5", "--enforce-eager",
-                              "--cuda-graph-max-batch-size", "64"])
+                              "--cuda-graph-max-batch-size", "64", "--cuda-graph-prefill-tokens", "0"])
     kwargs = engine_kwargs(args)
     assert (kwargs["load_format"], kwargs["gpu_memory_utilization"], kwargs["enforce_eager"],
-            kwargs["cuda_graph_max_batch_size"]) == ("dummy", 0.5, True, 64)
+            kwargs["cuda_graph_max_batch_size"], kwargs["cuda_graph_prefill_tokens"]) == ("dummy", 0.5, True, 64, 0)
     assert json.loads(Path(config_path).read_text())["architectures"] == ["Qwen3ForCausalLM"]

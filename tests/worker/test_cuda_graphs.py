@@ -4,6 +4,7 @@ decode steps give the eager tokens."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import gc
 import logging
 import weakref
@@ -16,7 +17,7 @@ import tests.kernels.conftest  # noqa: F401 - TRITON_INTERPRET=1 and the interpr
 from lamina import LLM, SamplingParams
 from lamina.graphs import (EagerGraph, StaticBuffers, TorchCUDAGraph, bucket_for, capture_buckets,
                            closed_over_tensors, graph_buckets)
-from lamina.worker.cuda_graphs import CudaGraphRunner, graph_decision
+from lamina.worker.cuda_graphs import CudaGraphRunner, graph_decision, prefill_query_lens
 from lamina.worker.input_batch import HostBatch
 from tests.helpers.spec_tree import count_off_chain, perturbed_copy
 from tests.helpers.tiny_models import make_tiny_model
@@ -275,6 +276,61 @@ def test_replayed_verify_steps_equal_eager(model_dir: str, spec: dict, tmp_path,
         assert sum(moves) >= 2, moves  # accepted paths off the main chain: their rows saw only their ancestors
     else:  # (a tree's requests draft to their last step here)
         assert any(b.max_query_len == 1 for b in replayed)
+    llm.engine.check_integrity()
+
+
+def test_prefill_graphs_hold_small_batches_of_prompt_chunks(model_dir: str) -> None:
+    """Prompt chunks of 1, 2 or 4 rows go to the graph of the shortest q >= their longest row (16, 32, .. up to
+    prefill_tokens slots a graph); more rows, or a longer row, run eagerly; decode batches keep their graphs."""
+    llm = _llm(model_dir)
+    worker = llm.engine.executor.worker
+    assert prefill_query_lens(512) == [16, 32, 64, 128, 256, 512] and prefill_query_lens(15) == []
+    graphs = CudaGraphRunner(worker.model, 6, worker.max_model_len, 8, torch.device("cpu"), graph_cls=EagerGraph,
+                             prefill_tokens=64)
+    assert {q: s.buckets for q, s in graphs.sets.items()} == {1: [1, 2, 4, 6], 16: [1, 2, 4], 32: [1, 2], 64: [1]}
+    assert {q: s.buffers.seq_lens.shape[0] for q, s in graphs.sets.items()} == {1: 6, 16: 4, 32: 2, 64: 1}
+    graphs.capture_all()
+
+    def chunks(lens: list[int]) -> HostBatch:
+        starts = [0, *itertools.accumulate(lens)]
+        return HostBatch(input_ids=[1] * starts[-1], positions=[i for n in lens for i in range(n)],
+                         slot_mapping=list(range(starts[-1])), query_start_loc=starts, seq_lens=lens,
+                         block_tables=[list(range(1, 9))] * len(lens),
+                         logits_indices=[s - 1 for s in starts[1:]], sampling_req_ids=[])
+    placed = {tuple(lens): graphs._graph_for(chunks(lens)) for lens in
+              ([20], [20, 3], [20, 3, 1], [9, 9, 9, 9], [40], [40, 2], [64], [65], [9] * 5, [1] * 5)}
+    where = {lens: None if g is None else (g[0].buffers.query_len, g[1]) for lens, g in placed.items()}
+    assert where == {(20,): (32, 1), (20, 3): (32, 2), (20, 3, 1): None, (9, 9, 9, 9): (16, 4), (40,): (64, 1),
+                     (40, 2): None, (64,): (64, 1), (65,): None, (9,) * 5: None, (1,) * 5: (1, 6)}
+    plain = CudaGraphRunner(worker.model, 6, worker.max_model_len, 8, torch.device("cpu"), graph_cls=EagerGraph)
+    assert list(plain.sets) == [1]  # prefill_tokens=0: prompt chunks run eagerly
+
+
+@pytest.mark.parametrize("budget, lengths", [(None, (40,)), (20, (3, 17, 9, 30, 40))], ids=["alone", "chunked"])
+def test_replayed_prompt_chunks_equal_eager(model_dir: str, budget: int | None, lengths: tuple[int, ...]) -> None:
+    """Prompts prefilled in graphs (one prompt alone; chunks of several prompts beside decodes under a small
+    token budget) give the tokens of eager prefills."""
+    prompts = [[(5 * i + j) % 256 for j in range(n)] for i, n in enumerate(lengths)]
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (12, 5, 9, 14, 7)[:len(lengths)]]
+    inputs = [{"prompt_token_ids": p} for p in prompts]
+    kw = {} if budget is None else {"max_num_batched_tokens": budget}
+    eager = _llm(model_dir, **kw).generate(inputs, params, use_tqdm=False)
+    llm = _llm(model_dir, **kw)
+    worker = llm.engine.executor.worker
+    graphs = CudaGraphRunner(worker.model, 6, worker.max_model_len, 8, torch.device("cpu"), graph_cls=EagerGraph,
+                             prefill_tokens=64)
+    graphs.capture_all()
+    replayed: list[HostBatch] = []
+    original_run = graphs.run
+    graphs.run = lambda batch, ids=None, drafts=None: replayed.append(batch) or original_run(batch, ids, drafts)
+    worker.runner.graphs = graphs
+    out = llm.generate(inputs, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in eager]
+    prefills = {(b.num_seqs, b.max_query_len) for b in replayed if b.max_query_len > 8}
+    if budget is None:
+        assert prefills == {(1, 40)}
+    else:  # chunks of several prompts (and decodes beside them) replayed
+        assert any(rows > 1 for rows, _ in prefills), prefills
     llm.engine.check_integrity()
 
 
