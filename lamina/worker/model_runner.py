@@ -202,7 +202,10 @@ class ModelRunner:
         params = [s.sampling_params for s in states]
         seeds = [s.seed if salted else p.seed for s, p in zip(states, params)]
         keys = self._philox_keys(params, seeds, positions)
-        generators = {} if keys is not None else _seeded_generators(seeds, positions, self.device)
+        generators = {}
+        if keys is None:  # the torch path, or every row greedy: a generator for each seeded row that draws
+            generators = _seeded_generators([None if p.greedy else s for p, s in zip(params, seeds)], positions,
+                                            self.device)
         min_tokens = None
         if any(p.min_tokens for p in params):
             min_tokens = min_tokens_mask(params, [s.num_output_tokens for s in states],

@@ -6,6 +6,7 @@ cases draw 600 samples; the bound still rejects the nearby wrong distribution of
 """
 from __future__ import annotations
 
+import random
 import threading
 
 import pytest
@@ -155,3 +156,19 @@ def test_top_p_ends_on_a_row_with_no_finite_logit(value: float) -> None:
     assert ((tokens >= 0) & (tokens < 20)).all()
     alone = sampling.sample(logits[[0, 2]], full(1.0, 2), keys(3)[[0, 2]], top_p=full(0.9, 2), block_v=8)
     assert tokens[[0, 2]].tolist() == alone.tolist()
+
+
+def test_philox_keys_of_a_few_seeded_rows_equal_the_batched_ones() -> None:
+    """Up to FEW_SEEDED_ROWS seeded rows are keyed with Python ints, more with numpy: the same keys (seeds of any
+    size and sign, as seeded_keys takes their low 64 bits)."""
+    from lamina.layers.sampling_metadata import FEW_SEEDED_ROWS
+
+    rng = random.Random(4)
+    seeds = [rng.choice([rng.randrange(2**80), -rng.randrange(2**40), rng.randrange(100), None])
+             for _ in range(3 * FEW_SEEDED_ROWS)]
+    positions = [rng.randrange(5000) for _ in seeds]
+    many = philox_keys(seeds, positions, step_key=2**63 - 3)
+    assert sum(s is not None for s in seeds) > FEW_SEEDED_ROWS  # the numpy path
+    for row, (seed, position) in enumerate(zip(seeds, positions)):
+        one = philox_keys([None] * row + [seed], [0] * row + [position], step_key=2**63 - 3)  # the Python one
+        assert one[row] == many[row]
