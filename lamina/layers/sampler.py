@@ -7,7 +7,8 @@ Order of processing (vLLM's):
         ├─ min_tokens mask (EOS / stop ids -> -inf)
         ├─ repetition penalty (prompt + output tokens), frequency & presence penalties (output tokens)
         ├─ greedy rows: argmax                     (all greedy: nothing else runs, no softmax; CUDA: a
-        │                                            two-pass Triton argmax, lamina/kernels/argmax.py)
+        │                                            two-pass Triton argmax, lamina/kernels/argmax.py, or
+        │                                            the one a CUDA graph computed with the logits)
         └─ random rows: / temperature -> top-k -> top-p -> min-p -> exponential race
 
 The exponential race picks argmax(p_i / q_i) with q_i ~ Exp(1), which samples i with probability p_i.
@@ -66,9 +67,16 @@ class Sampler(nn.Module):
         super().__init__()
         self.generator = generator
 
-    def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
-        """Sample from `logits` [B, V] float32 (not modified) under `metadata`."""
-        sampled = self._sample(process_logits(logits, metadata), metadata)
+    def forward(self, logits: torch.Tensor, metadata: SamplingMetadata,
+                argmax: torch.Tensor | None = None) -> SamplerOutput:
+        """Sample from `logits` [B, V] float32 (not modified) under `metadata`. `argmax` [B]: each row's argmax of
+        `logits`, computed already (inside a CUDA graph, lamina/worker/cuda_graphs.py): the tokens of a step whose
+        rows are all greedy and whose logits nothing edits first (no min_tokens, no penalties), with no launch."""
+        processed = process_logits(logits, metadata)
+        if argmax is not None and metadata.all_greedy and processed is logits:
+            sampled = argmax.clone()  # the tokens outlive the graph's buffer (the next replay rewrites it)
+        else:
+            sampled = self._sample(processed, metadata)
         logprobs = None
         if metadata.max_num_logprobs is not None:
             # every step above is out of place, so `logits` are still the raw model output

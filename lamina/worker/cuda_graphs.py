@@ -18,8 +18,11 @@ chunks and larger batches stay eager: their kernels' work outweighs their launch
 Buckets of at most LOGITS_IN_GRAPH_TOKENS token slots (b x q) compute the logits of every slot inside the
 graph too, into one buffer that every such graph shares (a step reads its logits before the next replay; the LM
 head launched from the host cost a decode step of a small model about as much host time as the rest of its
-launch); larger ones, and tensor-parallel models, compute the sampling rows' logits after the replay. Sampling
-runs outside the graph.
+launch), and each slot's argmax, into a second one: greedy sampling's tokens, which the two kernels of the
+argmax launched from the host cost ~55 us of an H100 host's time a step (torch.argmax's one launch ~10 us), a
+tenth of a batch-1 step of the demo model; steps that sample otherwise leave it unread (a few us of device time).
+Larger buckets, and tensor-parallel models, compute the sampling rows' logits after the replay. Sampling runs
+outside the graph.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from typing import Callable
 import torch
 
 from lamina.attention.metadata import set_attention_metadata
+from lamina.layers.sampler import greedy_tokens
 from lamina.graphs import Graph, StaticBuffers, TorchCUDAGraph, bucket_for, capture, graph_buckets, graph_pool
 from lamina.worker.input_batch import DevicePatch, HostBatch
 
@@ -84,6 +88,7 @@ class CudaGraphRunner:
         self.model = model
         self.logits_in_graph = getattr(getattr(model, "lm_head", None), "tp_size", 1) == 1  # no collective in it
         self.logits: torch.Tensor | None = None  # [LOGITS_IN_GRAPH_TOKENS, vocab], shared by the small buckets
+        self.argmax: torch.Tensor | None = None  # [LOGITS_IN_GRAPH_TOKENS] int64: each slot's greedy token
         self.buckets = graph_buckets(max_batch_size)
         self.max_model_len = max_model_len
         self.max_blocks_per_seq = -(-max_model_len // block_size)
@@ -115,8 +120,8 @@ class CudaGraphRunner:
         return self.logits_in_graph and num_slots <= LOGITS_IN_GRAPH_TOKENS
 
     def _forward_fn(self, graph_set: GraphSet, bucket: int) -> Callable[[], torch.Tensor]:
-        """The captured function of `bucket`: the hidden states of its token slots; their logits copied into the
-        first rows of self.logits when the bucket is small enough."""
+        """The captured function of `bucket`: the hidden states of its token slots; their logits and argmax copied
+        into the first rows of self.logits and self.argmax when the bucket is small enough."""
         buffers = graph_set.buffers
         metadata = buffers.metadata(bucket, self.max_model_len)
         num_tokens = bucket * buffers.query_len
@@ -129,6 +134,7 @@ class CudaGraphRunner:
             if with_logits:
                 logits = self.model.compute_logits(hidden)
                 self._logits_buffer(logits)[:num_tokens].copy_(logits)
+                self.argmax[:num_tokens].copy_(greedy_tokens(logits))
             return hidden
         return forward
 
@@ -138,6 +144,7 @@ class CudaGraphRunner:
         if self.logits is None:
             self.logits = torch.empty((LOGITS_IN_GRAPH_TOKENS, logits.shape[-1]), dtype=logits.dtype,
                                       device=logits.device)
+            self.argmax = torch.zeros(LOGITS_IN_GRAPH_TOKENS, dtype=torch.int64, device=logits.device)
         return self.logits
 
     def _graph_for(self, batch: HostBatch) -> tuple[GraphSet, int] | None:
@@ -159,10 +166,10 @@ class CudaGraphRunner:
         return self._graph_for(batch) is not None
 
     def run(self, batch: HostBatch, input_ids: torch.Tensor | None = None,
-            drafts: DevicePatch | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(hidden states [T, hidden] of the batch's T tokens, their logits [T, vocab] or None when the bucket's
-        graph does not compute them): views of the graph's outputs, to use before the next replay. `input_ids` [T],
-        on the device, replace the batch's; `drafts` replace some of them."""
+            drafts: DevicePatch | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(hidden states [T, hidden] of the batch's T tokens, their logits [T, vocab] and argmax [T], or None and
+        None when the bucket's graph does not compute them): views of the graph's outputs, to use before the next
+        replay. `input_ids` [T], on the device, replace the batch's; `drafts` replace some of them."""
         graph_set, bucket = self._graph_for(batch)
         graph_set.buffers.fill(batch, bucket)
         num_tokens = len(batch.input_ids)
@@ -171,5 +178,7 @@ class CudaGraphRunner:
         if drafts is not None:
             drafts.apply(graph_set.buffers.input_ids)
         graph_set.graphs[bucket].replay()
-        logits = self.logits[:num_tokens] if self.with_logits(bucket * graph_set.buffers.query_len) else None
-        return graph_set.outputs[bucket][:num_tokens], logits
+        hidden = graph_set.outputs[bucket][:num_tokens]
+        if not self.with_logits(bucket * graph_set.buffers.query_len):
+            return hidden, None, None
+        return hidden, self.logits[:num_tokens], self.argmax[:num_tokens]

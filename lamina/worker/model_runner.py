@@ -32,8 +32,11 @@ from lamina.worker.penalty_state import PenaltyState
 from lamina.worker.prompt_logprobs import PromptLogprobsResult, split_prompt_rows
 
 
-def _select_rows(t: torch.Tensor, rows: list[int], device: torch.device) -> torch.Tensor:
-    """t[rows]: a view when rows are 0..n-1 (the usual step), else one index copy."""
+def _select_rows(t: torch.Tensor | None, rows: list[int], device: torch.device) -> torch.Tensor | None:
+    """t[rows]: a view when rows are 0..n-1 (the usual step), else one index copy (None for None: a step's
+    argmax rows where no graph computed them)."""
+    if t is None:
+        return None
     if rows == list(range(len(rows))):
         return t[:len(rows)]
     return t.index_select(0, torch.from_numpy(np.array(rows, dtype=np.int64)).to(device, non_blocking=True))
@@ -98,18 +101,21 @@ class ModelRunner:
         host = plan_batch(scheduled, self.states, self.block_size, self.tree)
         ahead_ids = self._ahead_input_ids(host.sampling_req_ids, previous) if scheduled.decode_ahead else None
         drafts = self._held_drafts(host)
-        hidden, logits = self._forward(host, ahead_ids, drafts)
+        hidden, logits, argmax = self._forward(host, ahead_ids, drafts)
         hidden, self._prompt_logprobs = split_prompt_rows(self.model, hidden, host)
         if not host.sampling_req_ids:
             return PendingStep([], None)
-        logits = self.model.compute_logits(hidden) if logits is None else logits[:len(hidden)]
+        if logits is None:
+            logits = self.model.compute_logits(hidden)
+        else:
+            logits, argmax = logits[:len(hidden)], argmax[:len(hidden)]
         if any(host.num_draft_tokens):
             draft_ids = host.draft_token_ids if drafts is None else drafts.values
-            self._last = self._draft_after(self._verify(logits, host, draft_ids), scheduled, host, hidden)
+            self._last = self._draft_after(self._verify(logits, argmax, host, draft_ids), scheduled, host, hidden)
             return self._last
         req_ids, positions = host.sampling_req_ids, host.sample_positions
         try:
-            out = self._sample(logits, req_ids, positions)
+            out = self._sample(logits, req_ids, positions, argmax=argmax)
         except Exception as err:  # noqa: BLE001 - one row's failure must not fail the batch
             if is_fatal(err):
                 raise
@@ -118,16 +124,17 @@ class ModelRunner:
         self._last = self._draft_after(self._pending(req_ids, out), scheduled, host, hidden)
         return self._last
 
-    def _verify(self, logits: torch.Tensor, host: HostBatch, draft_ids: list[int] | torch.Tensor) -> PendingStep:
+    def _verify(self, logits: torch.Tensor, argmax: torch.Tensor | None, host: HostBatch,
+                draft_ids: list[int] | torch.Tensor) -> PendingStep:
         """A step with drafts (`draft_ids`, flat: on the host, or on the device when the drafter holds them):
         requests without drafts sample as usual from their one row (keyed as in any other step, isolated as in
         any other step when a row raises); the others' k + 1 rows are verified by `_verify_drafts` (the target
-        distribution exactly)."""
+        distribution exactly). `argmax`: each row's, when the graph computed it (else None)."""
         plain, plain_rows, spec, spec_rows, num_drafts = _split_by_drafts(host.sampling_req_ids,
                                                                           host.num_draft_tokens)
         positions = [p for p, k in zip(host.sample_positions, host.num_draft_tokens) if k]
         verified, failed = self._verify_drafts(_select_rows(logits, spec_rows, self.device), spec, num_drafts,
-                                               draft_ids, positions)
+                                               draft_ids, positions, _select_rows(argmax, spec_rows, self.device))
         if verified is not None and self.tree is not None:
             verified.tree, verified.on_paths = self.tree, self._kv_mover(spec, positions)
         if not plain:
@@ -135,7 +142,8 @@ class ModelRunner:
         positions = [p for p, k in zip(host.sample_positions, host.num_draft_tokens) if not k]
         plain_logits = _select_rows(logits, plain_rows, self.device)
         try:
-            sampled = self._sample(plain_logits, plain, positions)
+            sampled = self._sample(plain_logits, plain, positions,
+                                   argmax=_select_rows(argmax, plain_rows, self.device))
         except Exception as err:  # noqa: BLE001 - one row's failure must not fail the batch
             if is_fatal(err):
                 raise
@@ -143,7 +151,7 @@ class ModelRunner:
         return self._pending(plain, sampled, failed, verified)
 
     def _verify_drafts(self, logits: torch.Tensor, spec: list[str], num_drafts: list[int],
-                       draft_ids: list[int] | torch.Tensor, positions: list[int]
+                       draft_ids: list[int] | torch.Tensor, positions: list[int], argmax: torch.Tensor | None = None,
                        ) -> tuple[Verified | None, dict[str, str]]:
         """The drafting requests' tokens: every one of their k + 1 rows is sampled as any row is (keyed by its own
         position); reading the step keeps a request's drafts while they equal its samples, then one sample more
@@ -154,7 +162,7 @@ class ModelRunner:
         offsets = (lambda k: range(k + 1)) if self.tree is None else (lambda k: (0, *self.tree.depths[:k]))
         row_positions = [p + j for p, k in zip(positions, num_drafts) for j in offsets(k)]
         try:
-            out = self._sample(logits, rows, row_positions, salted=True)
+            out = self._sample(logits, rows, row_positions, salted=True, argmax=argmax)
         except Exception as err:  # noqa: BLE001 - the drafting requests end with the error, the others go on
             if is_fatal(err):
                 raise
@@ -192,11 +200,12 @@ class ModelRunner:
                            on_result=self.states.record, verified=verified)
 
     def _sample(self, logits: torch.Tensor, req_ids: list[str], positions: list[int],
-                salted: bool = False) -> SamplerOutput:
+                salted: bool = False, argmax: torch.Tensor | None = None) -> SamplerOutput:
         """Row i samples req_ids[i]'s token at index positions[i] of its tokens; a seeded row's draw depends only
         on its seed and that index (the kernel's philox key, or a torch generator seeded with the same key).
         `salted`: an unseeded request's rows are keyed by its salt (BatchState) as a seed, as the drafts they
-        verify were drawn (lamina/spec/draft_sampling.py); else they draw from the shared stream."""
+        verify were drawn (lamina/spec/draft_sampling.py); else they draw from the shared stream. `argmax`: each
+        row's, computed in the step's CUDA graph (Sampler.forward)."""
         held = self.states.requests
         states = [held[r] for r in req_ids]
         params = [s.sampling_params for s in states]
@@ -213,7 +222,7 @@ class ModelRunner:
         metadata = SamplingMetadata.build(params, self.vocab_size, self.device, generators=generators, seeds=keys,
                                           penalties=self.states.penalties.tensors(req_ids, params),
                                           min_tokens=min_tokens)
-        return self.sampler(logits, metadata)
+        return self.sampler(logits, metadata, argmax=argmax)
 
     def _sample_isolating(self, logits: torch.Tensor, req_ids: list[str], positions: list[int],
                           err: Exception, failed: dict[str, str] | None = None,
@@ -266,16 +275,16 @@ class ModelRunner:
         return self.drafter.take([r for r, _ in spec], [k for _, k in spec], rows)
 
     def _forward(self, host: HostBatch, ahead_ids: torch.Tensor | None, drafts: DevicePatch | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(hidden states of the rows in logits_indices, their logits when a captured graph computed them, else
-        None). Batches of rows of at most q tokens (decode: 1, verify: 1 + k) replay a captured graph when there
-        is one; the rest run eagerly. `ahead_ids` overwrite the input ids, `drafts` some of them."""
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(hidden states of the rows in logits_indices, their logits and argmax when a captured graph computed
+        them, else None). Batches a captured graph holds (CudaGraphRunner) replay it; the rest run eagerly.
+        `ahead_ids` overwrite the input ids, `drafts` some of them."""
         if self.graphs is not None and self.graphs.can_run(host):
             # all rows, unless a one-token prompt chunk rides among the decodes (it samples nothing)
-            hidden, logits = self.graphs.run(host, ahead_ids, drafts)
+            hidden, logits, argmax = self.graphs.run(host, ahead_ids, drafts)
             rows = host.logits_indices
-            return (_select_rows(hidden, rows, self.device),
-                    None if logits is None else _select_rows(logits, rows, self.device))
+            return (_select_rows(hidden, rows, self.device), _select_rows(logits, rows, self.device),
+                    _select_rows(argmax, rows, self.device))
         batch = to_device(host, self.device)
         if ahead_ids is not None:
             batch.input_ids.copy_(ahead_ids)
@@ -283,7 +292,7 @@ class ModelRunner:
             drafts.apply(batch.input_ids)
         with set_attention_metadata(batch.attn_metadata):
             hidden = self.model(batch.input_ids, batch.positions)
-        return hidden[batch.logits_indices], None
+        return hidden[batch.logits_indices], None, None
 
     def _philox_keys(self, params: list[SamplingParams], seeds: list[int | None], positions: list[int]
                      ) -> list[int] | None:

@@ -222,6 +222,33 @@ def test_replayed_decode_steps_equal_eager(model_dir: str) -> None:
     llm.engine.check_integrity()
 
 
+def test_greedy_steps_replayed_take_the_graphs_argmax(model_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A greedy decode step replayed in a small bucket samples nothing itself: its tokens are the argmax the graph
+    computed with the logits (no argmax launched from the host); a step with a repetition penalty, whose logits
+    change first, samples them as before. Both give the eager engine's tokens."""
+    from lamina.layers.sampler import Sampler
+
+    prompts = [[3, 9, 4, 1], [7, 7, 2]]
+    plain = [SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)] * 2
+    penalised = [SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, repetition_penalty=1.5)] * 2
+    inputs = [{"prompt_token_ids": p} for p in prompts]
+    sampled: list[int] = []
+    original = Sampler._sample
+    monkeypatch.setattr(Sampler, "_sample", lambda self, logits, metadata: sampled.append(len(logits)) or
+                        original(self, logits, metadata))
+    for params in (plain, penalised):
+        eager = _llm(model_dir).generate(inputs, params, use_tqdm=False)
+        llm = _llm(model_dir)
+        replayed = _with_eager_graphs(llm, 4)
+        sampled.clear()
+        out = llm.generate(inputs, params, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in eager]
+        decodes = sum(b.max_query_len == 1 for b in replayed)
+        assert decodes >= 9
+        assert len(sampled) == (1 if params is plain else 1 + decodes), (len(sampled), decodes)  # 1: the prefill
+        llm.engine.check_integrity()
+
+
 def test_replayed_steps_with_one_token_prompt_chunks_equal_eager(model_dir: str) -> None:
     """A token budget of 3 with two requests decoding leaves one token for the third prompt: its chunks
     ride in decode-only batches without sampling, so the graph's rows and the sampling rows differ."""
@@ -346,15 +373,17 @@ def test_small_buckets_compute_their_logits_inside_the_graph(model_dir: str) -> 
     graphs.capture_all()
     batch = _decode_batch([[3, 5], [7], [2, 4, 6]], [10, 5, 20], block_size=8)
     with torch.inference_mode():  # as the model runner runs it
-        hidden, logits = graphs.run(batch)
+        hidden, logits, argmax = graphs.run(batch)
         assert logits is not None and logits.shape == (3, worker.arch.vocab_size)
         assert logits.data_ptr() == graphs.logits.data_ptr()  # the one buffer every small graph writes
         torch.testing.assert_close(logits, worker.model.compute_logits(hidden))
-        one, one_logits = graphs.run(_decode_batch([[9]], [4], block_size=8))  # another graph, the same buffer
+        assert argmax.tolist() == logits.argmax(dim=-1).tolist() and argmax.data_ptr() == graphs.argmax.data_ptr()
+        one, one_logits, one_argmax = graphs.run(_decode_batch([[9]], [4], block_size=8))  # another graph
         torch.testing.assert_close(one_logits, worker.model.compute_logits(one))
+        assert one_argmax.tolist() == one_logits.argmax(dim=-1).tolist()
         # five rows of two tokens: bucket 8 of q = 16, 128 slots, more than the graphs compute logits for
         five = HostBatch(input_ids=list(range(1, 11)), positions=[4, 5] * 5, slot_mapping=[4, 5] * 5,
                          query_start_loc=list(range(0, 11, 2)), seq_lens=[6] * 5, block_tables=[[1]] * 5,
                          logits_indices=list(range(1, 10, 2)), sampling_req_ids=[])
-        assert 8 * 16 > cuda_graphs.LOGITS_IN_GRAPH_TOKENS and graphs.run(five)[1] is None
+        assert 8 * 16 > cuda_graphs.LOGITS_IN_GRAPH_TOKENS and graphs.run(five)[1:] == (None, None)
     assert graphs.logits.shape == (cuda_graphs.LOGITS_IN_GRAPH_TOKENS, worker.arch.vocab_size)
