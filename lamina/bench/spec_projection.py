@@ -45,7 +45,7 @@ def step_ms(llm: LLM, batch: HostBatch, repeats: int) -> float:
     runner, cuda = worker.runner, worker.device.type == "cuda"
 
     def step() -> None:
-        hidden, logits = runner._forward(batch, None)
+        hidden, logits, _ = runner._forward(batch, None)
         if logits is None:  # a captured graph computes the logits of small batches itself
             runner.model.compute_logits(hidden)
     for _ in range(5):

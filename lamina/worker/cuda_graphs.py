@@ -33,8 +33,8 @@ from typing import Callable
 import torch
 
 from lamina.attention.metadata import set_attention_metadata
-from lamina.layers.sampler import greedy_tokens
 from lamina.graphs import Graph, StaticBuffers, TorchCUDAGraph, bucket_for, capture, graph_buckets, graph_pool
+from lamina.layers.sampler import greedy_tokens
 from lamina.worker.input_batch import DevicePatch, HostBatch
 
 logger = logging.getLogger(__name__)
@@ -133,19 +133,20 @@ class CudaGraphRunner:
                 hidden = self.model(ids, pos)
             if with_logits:
                 logits = self.model.compute_logits(hidden)
-                self._logits_buffer(logits)[:num_tokens].copy_(logits)
-                self.argmax[:num_tokens].copy_(greedy_tokens(logits))
+                logits_out, argmax_out = self._logits_buffers(logits)
+                logits_out[:num_tokens].copy_(logits)
+                argmax_out[:num_tokens].copy_(greedy_tokens(logits))
             return hidden
         return forward
 
-    def _logits_buffer(self, logits: torch.Tensor) -> torch.Tensor:
-        """self.logits, allocated by the first run of a small bucket's function (its eager run before the capture,
-        lamina.graphs.capture: outside any graph's memory pool)."""
+    def _logits_buffers(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(self.logits, self.argmax), allocated by the first run of a small bucket's function (its eager run before
+        the capture, lamina.graphs.capture: outside any graph's memory pool)."""
         if self.logits is None:
             self.logits = torch.empty((LOGITS_IN_GRAPH_TOKENS, logits.shape[-1]), dtype=logits.dtype,
                                       device=logits.device)
             self.argmax = torch.zeros(LOGITS_IN_GRAPH_TOKENS, dtype=torch.int64, device=logits.device)
-        return self.logits
+        return self.logits, self.argmax
 
     def _graph_for(self, batch: HostBatch) -> tuple[GraphSet, int] | None:
         """(set, bucket): the captured set of the shortest query length that holds the batch's longest row in

@@ -108,7 +108,8 @@ class ModelRunner:
         if logits is None:
             logits = self.model.compute_logits(hidden)
         else:
-            logits, argmax = logits[:len(hidden)], argmax[:len(hidden)]
+            logits = logits[:len(hidden)]
+            argmax = argmax[:len(hidden)] if self._all_greedy(host.sampling_req_ids) else None
         if any(host.num_draft_tokens):
             draft_ids = host.draft_token_ids if drafts is None else drafts.values
             self._last = self._draft_after(self._verify(logits, argmax, host, draft_ids), scheduled, host, hidden)
@@ -124,12 +125,18 @@ class ModelRunner:
         self._last = self._draft_after(self._pending(req_ids, out), scheduled, host, hidden)
         return self._last
 
+    def _all_greedy(self, req_ids: list[str]) -> bool:
+        """Whether every request samples greedily (only then can a step take the argmax its graph computed)."""
+        held = self.states.requests
+        return all(held[r].sampling_params.greedy for r in req_ids)
+
     def _verify(self, logits: torch.Tensor, argmax: torch.Tensor | None, host: HostBatch,
                 draft_ids: list[int] | torch.Tensor) -> PendingStep:
         """A step with drafts (`draft_ids`, flat: on the host, or on the device when the drafter holds them):
         requests without drafts sample as usual from their one row (keyed as in any other step, isolated as in
         any other step when a row raises); the others' k + 1 rows are verified by `_verify_drafts` (the target
-        distribution exactly). `argmax`: each row's, when the graph computed it (else None)."""
+        distribution exactly). `argmax`: each row's, when the graph computed it and every row is greedy (else
+        None)."""
         plain, plain_rows, spec, spec_rows, num_drafts = _split_by_drafts(host.sampling_req_ids,
                                                                           host.num_draft_tokens)
         positions = [p for p, k in zip(host.sample_positions, host.num_draft_tokens) if k]

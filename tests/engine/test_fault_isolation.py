@@ -90,11 +90,11 @@ def test_a_forward_that_raises_mid_batch_fails_that_step_only(llm: LLM, monkeypa
 
 
 def _failing_sampler(sampler):
-    def sample(logits: torch.Tensor, metadata):
+    def sample(logits: torch.Tensor, metadata, argmax=None):
         temps = metadata.temperature
         if temps is not None and bool(((temps - MARKED).abs() < 1e-4).any()):
             raise ValueError("probability tensor contains nan (simulated)")
-        return sampler(logits, metadata)
+        return sampler(logits, metadata, argmax=argmax)
     return sample
 
 

@@ -148,10 +148,10 @@ def test_a_failing_row_of_a_verify_step_fails_its_request_only(model_dir: str) -
     runner = llm.engine.executor.worker.runner
     sampler = runner.sampler
 
-    def failing_sampler(logits, metadata):  # noqa: ANN001, ANN202
+    def failing_sampler(logits, metadata, argmax=None):  # noqa: ANN001, ANN202
         if metadata.penalties is not None:  # the penalised request's row
             raise ValueError("probability tensor contains nan (simulated)")
-        return sampler(logits, metadata)
+        return sampler(logits, metadata, argmax=argmax)
 
     runner.sampler = failing_sampler
     bad = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, presence_penalty=0.4)
@@ -160,10 +160,10 @@ def test_a_failing_row_of_a_verify_step_fails_its_request_only(model_dir: str) -
     assert out[1].outputs[0].finish_reason == "error" and "sampling failed" in out[1].extra["error"]
     runner.sampler = sampler
 
-    def failing_verifier(logits, metadata):  # noqa: ANN001, ANN202
+    def failing_verifier(logits, metadata, argmax=None):  # noqa: ANN001, ANN202
         if metadata.penalties is None and logits.shape[0] > 1:  # the drafting request's k + 1 rows
             raise ValueError("verifier failed (simulated)")
-        return sampler(logits, metadata)
+        return sampler(logits, metadata, argmax=argmax)
 
     runner.sampler = failing_verifier
     out = llm.generate(PROMPTS[:2], [GREEDY, penalised], use_tqdm=False)

@@ -77,11 +77,11 @@ def test_a_sampler_that_raises_for_one_row_fails_that_request_only(served: Runni
     sampler = runner.sampler
     reference = post(served, BODY).json()["choices"][0]["text"]
 
-    def sample(logits: torch.Tensor, metadata):
+    def sample(logits: torch.Tensor, metadata, argmax=None):
         temps = metadata.temperature
         if temps is not None and bool(((temps - MARKED).abs() < 1e-4).any()):
             raise ValueError("probability tensor contains nan (simulated)")
-        return sampler(logits, metadata)
+        return sampler(logits, metadata, argmax=argmax)
 
     monkeypatch.setattr(runner, "sampler", sample)
     served.gate.pause_after(0)  # both requests enter the same batch
