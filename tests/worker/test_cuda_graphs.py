@@ -1,11 +1,11 @@
-"""CUDA-graph decode: buckets, padding into static buffers, the capture decision, and (on CPU, with
-`EagerGraph` standing in for a CUDA graph and the Triton kernels under the interpreter) that replayed
-decode steps give the eager tokens."""
+"""CUDA graphs: buckets, padding into static buffers, the capture decision, which graph a batch goes to, and (on
+CPU, with `EagerGraph` standing in for a CUDA graph and the Triton kernels under the interpreter) that replayed
+decode, verify and prompt steps give the eager tokens, greedy ones from the argmax the graph computed."""
 from __future__ import annotations
 
 import contextlib
-import itertools
 import gc
+import itertools
 import logging
 import weakref
 from collections.abc import Callable
