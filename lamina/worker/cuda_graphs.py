@@ -94,14 +94,12 @@ class CudaGraphRunner:
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.device = device
         self.graph_cls = graph_cls
-        sets = {q: (self.buckets, tree and q > 1) for q in sorted(set(query_lens))}
-        for q in prefill_query_lens(min(prefill_tokens, max_model_len)):
-            buckets = [b for b in PREFILL_BUCKETS if b * q <= prefill_tokens and b <= max_batch_size]
-            if q not in sets and buckets:
-                sets[q] = (buckets, False)
+        shapes = {q: (self.buckets, tree and q > 1) for q in query_lens}  # q -> (buckets, tree masks)
+        shapes |= {q: ([b for b in PREFILL_BUCKETS if b * q <= prefill_tokens and b <= max_batch_size], False)
+                   for q in prefill_query_lens(min(prefill_tokens, max_model_len))}  # q >= 16 > any verify q
         self.sets = {q: GraphSet(StaticBuffers.allocate(buckets[-1], self.max_blocks_per_seq, device, q, tree_),
                                  list(buckets))
-                     for q, (buckets, tree_) in sorted(sets.items())}
+                     for q, (buckets, tree_) in sorted(shapes.items())}
 
     @torch.inference_mode()
     def capture_all(self) -> None:
@@ -148,7 +146,7 @@ class CudaGraphRunner:
             self.argmax = torch.zeros(LOGITS_IN_GRAPH_TOKENS, dtype=torch.int64, device=logits.device)
         return self.logits, self.argmax
 
-    def _graph_for(self, batch: HostBatch) -> tuple[GraphSet, int] | None:
+    def graph_for(self, batch: HostBatch) -> tuple[GraphSet, int] | None:
         """(set, bucket): the captured set of the shortest query length that holds the batch's longest row in
         one of its buckets, and the smallest such bucket; None: the batch runs eagerly."""
         if batch.num_seqs > self.buckets[-1] or len(batch.block_tables[0]) > self.max_blocks_per_seq:
@@ -163,15 +161,13 @@ class CudaGraphRunner:
                 return graph_set, bucket
         return None
 
-    def can_run(self, batch: HostBatch) -> bool:
-        return self._graph_for(batch) is not None
-
-    def run(self, batch: HostBatch, input_ids: torch.Tensor | None = None,
+    def run(self, batch: HostBatch, graph: tuple[GraphSet, int], input_ids: torch.Tensor | None = None,
             drafts: DevicePatch | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """(hidden states [T, hidden] of the batch's T tokens, their logits [T, vocab] and argmax [T], or None and
-        None when the bucket's graph does not compute them): views of the graph's outputs, to use before the next
-        replay. `input_ids` [T], on the device, replace the batch's; `drafts` replace some of them."""
-        graph_set, bucket = self._graph_for(batch)
+        """Replay `graph` (graph_for(batch)) over the batch: (hidden states [T, hidden] of its T tokens, their logits
+        [T, vocab] and argmax [T], or None and None when the bucket's graph does not compute them), views of the
+        graph's outputs, to use before the next replay. `input_ids` [T], on the device, replace the batch's;
+        `drafts` replace some of them."""
+        graph_set, bucket = graph
         graph_set.buffers.fill(batch, bucket)
         num_tokens = len(batch.input_ids)
         if input_ids is not None:

@@ -286,9 +286,10 @@ class ModelRunner:
         """(hidden states of the rows in logits_indices, their logits and argmax when a captured graph computed
         them, else None). Batches a captured graph holds (CudaGraphRunner) replay it; the rest run eagerly.
         `ahead_ids` overwrite the input ids, `drafts` some of them."""
-        if self.graphs is not None and self.graphs.can_run(host):
+        graph = None if self.graphs is None else self.graphs.graph_for(host)
+        if graph is not None:
             # all rows, unless a one-token prompt chunk rides among the decodes (it samples nothing)
-            hidden, logits, argmax = self.graphs.run(host, ahead_ids, drafts)
+            hidden, logits, argmax = self.graphs.run(host, graph, ahead_ids, drafts)
             rows = host.logits_indices
             return (_select_rows(hidden, rows, self.device), _select_rows(logits, rows, self.device),
                     _select_rows(argmax, rows, self.device))

@@ -203,7 +203,8 @@ def _with_eager_graphs(llm: LLM, max_batch_size: int) -> list[HostBatch]:
     graphs.capture_all()
     replayed: list[HostBatch] = []
     original_run = graphs.run
-    graphs.run = lambda batch, ids=None, drafts=None: replayed.append(batch) or original_run(batch, ids, drafts)
+    graphs.run = lambda batch, graph, ids=None, drafts=None: (replayed.append(batch) or
+                                                             original_run(batch, graph, ids, drafts))
     worker.runner.graphs = graphs
     return replayed
 
@@ -291,7 +292,8 @@ def test_replayed_verify_steps_equal_eager(model_dir: str, spec: dict, tmp_path,
     graphs.capture_all()
     replayed: list[HostBatch] = []
     original_run = graphs.run
-    graphs.run = lambda batch, ids=None, drafts=None: replayed.append(batch) or original_run(batch, ids, drafts)
+    graphs.run = lambda batch, graph, ids=None, drafts=None: (replayed.append(batch) or
+                                                             original_run(batch, graph, ids, drafts))
     worker.runner.graphs = graphs
     moves = count_off_chain(monkeypatch)
     out = llm.generate(inputs, params, use_tqdm=False)
@@ -324,7 +326,7 @@ def test_prefill_graphs_hold_small_batches_of_prompt_chunks(model_dir: str) -> N
                          slot_mapping=list(range(starts[-1])), query_start_loc=starts, seq_lens=lens,
                          block_tables=[list(range(1, 9))] * len(lens),
                          logits_indices=[s - 1 for s in starts[1:]], sampling_req_ids=[])
-    placed = {tuple(lens): graphs._graph_for(chunks(lens)) for lens in
+    placed = {tuple(lens): graphs.graph_for(chunks(lens)) for lens in
               ([20], [20, 3], [20, 3, 1], [9, 9, 9, 9], [40], [40, 2], [64], [65], [9] * 5, [1] * 5)}
     where = {lens: None if g is None else (g[0].buffers.query_len, g[1]) for lens, g in placed.items()}
     assert where == {(20,): (32, 1), (20, 3): (32, 2), (20, 3, 1): None, (9, 9, 9, 9): (16, 4), (40,): (64, 1),
@@ -349,7 +351,8 @@ def test_replayed_prompt_chunks_equal_eager(model_dir: str, budget: int | None, 
     graphs.capture_all()
     replayed: list[HostBatch] = []
     original_run = graphs.run
-    graphs.run = lambda batch, ids=None, drafts=None: replayed.append(batch) or original_run(batch, ids, drafts)
+    graphs.run = lambda batch, graph, ids=None, drafts=None: (replayed.append(batch) or
+                                                             original_run(batch, graph, ids, drafts))
     worker.runner.graphs = graphs
     out = llm.generate(inputs, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in eager]
@@ -373,17 +376,19 @@ def test_small_buckets_compute_their_logits_inside_the_graph(model_dir: str) -> 
     graphs.capture_all()
     batch = _decode_batch([[3, 5], [7], [2, 4, 6]], [10, 5, 20], block_size=8)
     with torch.inference_mode():  # as the model runner runs it
-        hidden, logits, argmax = graphs.run(batch)
+        hidden, logits, argmax = graphs.run(batch, graphs.graph_for(batch))
         assert logits is not None and logits.shape == (3, worker.arch.vocab_size)
         assert logits.data_ptr() == graphs.logits.data_ptr()  # the one buffer every small graph writes
         torch.testing.assert_close(logits, worker.model.compute_logits(hidden))
         assert argmax.tolist() == logits.argmax(dim=-1).tolist() and argmax.data_ptr() == graphs.argmax.data_ptr()
-        one, one_logits, one_argmax = graphs.run(_decode_batch([[9]], [4], block_size=8))  # another graph
+        single = _decode_batch([[9]], [4], block_size=8)
+        one, one_logits, one_argmax = graphs.run(single, graphs.graph_for(single))  # another graph
         torch.testing.assert_close(one_logits, worker.model.compute_logits(one))
         assert one_argmax.tolist() == one_logits.argmax(dim=-1).tolist()
         # five rows of two tokens: bucket 8 of q = 16, 128 slots, more than the graphs compute logits for
         five = HostBatch(input_ids=list(range(1, 11)), positions=[4, 5] * 5, slot_mapping=[4, 5] * 5,
                          query_start_loc=list(range(0, 11, 2)), seq_lens=[6] * 5, block_tables=[[1]] * 5,
                          logits_indices=list(range(1, 10, 2)), sampling_req_ids=[])
-        assert 8 * 16 > cuda_graphs.LOGITS_IN_GRAPH_TOKENS and graphs.run(five)[1:] == (None, None)
+        assert 8 * 16 > cuda_graphs.LOGITS_IN_GRAPH_TOKENS
+        assert graphs.run(five, graphs.graph_for(five))[1:] == (None, None)
     assert graphs.logits.shape == (cuda_graphs.LOGITS_IN_GRAPH_TOKENS, worker.arch.vocab_size)
