@@ -144,6 +144,10 @@ class SpeculativeConfig:
     # tree drafts (lamina/spec/draft_tree.py): paths of ranks, e.g. [(0,), (1,), (0, 0)] or that as a string (vLLM's
     # format); None: a chain of num_speculative_tokens. With a tree, num_speculative_tokens is its number of nodes.
     speculative_token_tree: tuple[tuple[int, ...], ...] | None = None
+    # n-gram, greedy requests: while a step verifies drafts, launch the next one on the guess that they are all
+    # accepted and the token after them is the lookup's (lamina/engine/speculator.py; a failed guess voids that
+    # step). Pays where outputs repeat themselves or their input, on a GPU (docs/speculative.md); off by default
+    guess_ahead: bool = False
 
     def __post_init__(self) -> None:
         _require(self.method in SPEC_METHODS, "method",
@@ -167,6 +171,9 @@ class SpeculativeConfig:
                  f"(method {self.method!r}), got {self.model!r}")
         _require(self.model is None or isinstance(self.model, str), "model", f"must be a path, got {self.model!r}")
         _require(isinstance(self.adaptive, bool), "adaptive", f"must be true or false, got {self.adaptive!r}")
+        _require(self.guess_ahead is False or (self.guess_ahead is True and self.method == "ngram"), "guess_ahead",
+                 f"must be false, or true with method 'ngram' (the drafts a host proposes), got "
+                 f"{self.guess_ahead!r} with method {self.method!r}")
         exit_layer = self.exit_layer
         _require(exit_layer is None or (self.method == "early_exit" and _is_int(exit_layer) and exit_layer >= 1),
                  "exit_layer", f"must be None, or an integer >= 1 with method 'early_exit', got {exit_layer!r}")

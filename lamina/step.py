@@ -21,6 +21,11 @@ A `decode_ahead` step (Scheduler.schedule_ahead) was scheduled while the step be
 each of its requests computes one token at position num_computed_tokens, the token that step samples,
 which the worker takes from that step's output on the device.
 
+A step launched on a guess (Scheduler.schedule_guessed, n-gram drafts) was scheduled while the step before it,
+which verifies drafts, was still running: it assumes that step accepts all of its drafts and samples the
+proposer's next token after them. `guesses[r]` names those tokens and where they start (the worker has not read
+them yet); the step's rows of a request whose guess did not hold are void, on both sides (Guess.held_by).
+
 Drafts of a worker-side proposer (draft model, EAGLE, Medusa, early exit) never cross the seam: the worker
 answers how many it holds (ModelRunnerOutput.num_drafts), the engine schedules that many (or fewer) as
 DRAFT_ON_DEVICE entries of scheduled_spec_decode_tokens, and the worker fills in the ids from its device
@@ -66,6 +71,24 @@ class CachedRequestData:
 
 
 @dataclass(slots=True)
+class Guess:
+    """The tokens a step launched on a guess assumes at positions [start, start + len(token_ids)) of a request:
+    the drafts of the step before it, all accepted, and the token guessed after them (the input of its first
+    row)."""
+
+    start: int
+    token_ids: list[int]
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.token_ids)
+
+    def held_by(self, token_ids: list[int]) -> bool:
+        """Whether the request's tokens, once the step before is read, are exactly these up to their end."""
+        return len(token_ids) == self.end and token_ids[self.start:] == self.token_ids
+
+
+@dataclass(slots=True)
 class SchedulerOutput:
     """What to compute this step. `req_ids` is the batch in order: request r computes tokens
     [num_computed_tokens, num_computed_tokens + num_scheduled_tokens[r]) of its token ids (drafts after
@@ -79,6 +102,7 @@ class SchedulerOutput:
     finished_req_ids: list[str] = field(default_factory=list)  # ended since the last message
     preempted_req_ids: list[str] = field(default_factory=list)
     decode_ahead: bool = False
+    guesses: dict[str, Guess] = field(default_factory=dict)  # a step launched on a guess (module docstring)
     # worker-side proposers (lamina/spec/model_proposer.py): request id -> at most this many drafts to propose
     # once this step's tokens are known (only requests whose range reaches the end)
     draft_limits: dict[str, int] = field(default_factory=dict)

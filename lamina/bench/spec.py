@@ -51,6 +51,7 @@ TEMPERATURES = (0.0, 0.6)
 METHODS = ("ngram", "draft_model", "medusa", "early_exit", "eagle")
 FIXED = "-fixed"  # a label suffix: the method with the adaptive policy off
 TREE = "+tree"  # a label suffix: tree drafts of BENCH_TREE's shape
+GUESS = {"+guess": True, "+noguess": False}  # label suffixes: n-gram's guess_ahead on / off (default: off)
 # three candidates for the next token, two after the first, one after the second, and the main chain to depth 3
 # (7 nodes, lamina/spec/draft_tree.py)
 BENCH_TREE = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0))
@@ -70,12 +71,21 @@ def spec_config(label: str, k: int | None = None, models: Mapping[str, str] = DE
     method that has one."""
     label, _, own_k = label.partition("@")
     k = int(own_k) if own_k else k
+    label, guess = _guess_suffix(label)
     tree = label.endswith(TREE)
     label = label.removesuffix(TREE)
     method = label.removesuffix(FIXED)
     shape = {"speculative_token_tree": BENCH_TREE} if tree else {} if k is None else {"num_speculative_tokens": k}
-    config = {"method": method, **({"model": models[method]} if method in models else {}), **shape}
+    config = {"method": method, **({"model": models[method]} if method in models else {}), **shape, **guess}
     return {**config, "adaptive": False} if label.endswith(FIXED) else config
+
+
+def _guess_suffix(label: str) -> tuple[str, dict]:
+    """The label without a GUESS suffix, and the guess_ahead it sets ({} without one)."""
+    for suffix, on in GUESS.items():
+        if label.endswith(suffix):
+            return label.removesuffix(suffix), {"guess_ahead": on}
+    return label, {}
 
 
 def _counted(llm: LLM, run: Workload) -> tuple[int, float, SpecDecodeStats, SpecDecodeStats, dict]:
@@ -107,7 +117,9 @@ def _spec_fields(before: SpecDecodeStats, after: SpecDecodeStats) -> dict:
     return {"acceptance_rate": accepted / drafted if drafted else 0.0,
             "tokens_per_verify_step": 1 + accepted / steps if steps else 0.0,
             "draft_ms": 1000 * (after.draft_seconds - before.draft_seconds),
-            "plain_steps": after.plain_steps - before.plain_steps}
+            "plain_steps": after.plain_steps - before.plain_steps,
+            "guessed_rows": after.guessed_rows - before.guessed_rows,
+            "guessed_rows_held": after.guessed_rows_held - before.guessed_rows_held}
 
 
 def _batches(batches: list[tuple[list[str], SamplingParams | list[SamplingParams]]]) -> Workload:
@@ -287,8 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = cpu_bench_parser(__doc__)
     parser.add_argument("--methods", default="ngram",
                         help=f"comma-separated, of {', '.join(METHODS)}; METHOD{FIXED}: with k fixed (no policy); "
-                             f"either with @K: num_speculative_tokens K (ngram@7); {CONTROL}: a second engine "
-                             "without speculation, built last (the paired ratios' noise floor)")
+                             f"{' / '.join(GUESS)}: n-gram's guess_ahead on / off (default: off); any with "
+                             f"@K: num_speculative_tokens K (ngram@7); {CONTROL}: a second engine without "
+                             "speculation, built last (the paired ratios' noise floor)")
     parser.add_argument("--k", type=int, default=None, help="num_speculative_tokens (default: each method's own)")
     parser.add_argument("--batch-sizes", default="1,8,32", help="throughput rows (comma-separated)")
     parser.add_argument("--concurrency", default="8,32",
@@ -304,11 +317,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     methods = _csv(args.methods, str)
     unknown = sorted(m for m in methods if m != CONTROL and (
-        m.partition("@")[0].removesuffix(TREE).removesuffix(FIXED) not in METHODS
+        _guess_suffix(m.partition("@")[0])[0].removesuffix(TREE).removesuffix(FIXED) not in METHODS
         or not (m.partition("@")[2] or "3").isdigit()))
     if unknown:
         parser.error(f"--methods: unknown {unknown}; allowed: {list(METHODS)}, each optionally with {FIXED}, "
-                     f"then {TREE}, then @K; or {CONTROL} (a second engine without speculation)")
+                     f"then {TREE}, then {' or '.join(GUESS)}, then @K; or {CONTROL} (a second engine without "
+                     "speculation)")
     prompt_sets = _csv(args.prompt_sets, str)
     if unknown_sets := sorted(set(prompt_sets) - PROMPT_SETS.keys()):
         parser.error(f"--prompt-sets: unknown {unknown_sets}; allowed: {list(PROMPT_SETS)}")

@@ -5,7 +5,8 @@
                 -> [async_scheduling: Scheduler.schedule_ahead -> Executor.execute_model of the next step]
                 -> StepFuture.result -> Scheduler.update_from_output
                 -> [speculation: Speculator.after_tokens sets the next step's drafts; async_scheduling: the next
-                   step is scheduled and launched now, unless it was launched ahead]
+                   step is scheduled and launched now, unless it was launched ahead (after a step verifying
+                   n-gram drafts: on the guess that all are accepted, Scheduler.schedule_guessed)]
                 -> OutputProcessor (detokenize, stop strings, outputs in each request's output_kind)
 
 The engine owns the requests; the executor's worker(s) own their copies of them and every tensor.
@@ -165,11 +166,8 @@ class LLMEngine:
             step = self._launch(self._schedule(), ahead=False)
             step.launch_seconds = 0.0  # launched in this call: its launch is in this call's time
         scheduled, pending, self._current = step.scheduled, step.pending, step.requests
-        # A step runs ahead only without failed rows, and while nobody drafts: not after a step that verifies
-        # drafts (Scheduler.schedule_ahead checks), nor when the speculator decides on the next one's drafts.
-        if self.config.async_scheduling and not pending.failed and not (self.speculator and
-                                                                         self.speculator.wants_sync()):
-            ahead = self.scheduler.schedule_ahead(scheduled)
+        if self.config.async_scheduling and not pending.failed:
+            ahead = self._schedule_ahead(step)
             if ahead is not None:
                 self._inflight = self._launch(ahead, ahead=True)
         waited = time.perf_counter()
@@ -177,8 +175,11 @@ class LLMEngine:
         waited = time.perf_counter() - waited
         changed = self.scheduler.update_from_output(scheduled, result)
         changed += self._fail_siblings(changed)
+        guessed = self._inflight is not None and bool(self._inflight.scheduled.guesses)
+        if guessed and not self._guesses_held(self._inflight.scheduled):
+            self._inflight, guessed = None, False  # every guess failed: the next step follows the tokens read
         if self.speculator is not None:
-            self.speculator.after_tokens(scheduled, result, self.scheduler.running)
+            self.speculator.after_tokens(scheduled, result, self.scheduler.running, next_guessed=guessed)
             if self.config.async_scheduling and self._inflight is None and self.speculator.has_drafts:
                 # the next step's drafts are known: launch it now, its device work under this step's outputs.
                 # Without drafts the next step waits for the outputs, as without speculation: the caller may
@@ -196,6 +197,24 @@ class LLMEngine:
         if self.step_log is not None:
             self.step_log.append(_step_stats(scheduled, launched_ahead, seconds, waited, result.num_compiles))
         return outputs
+
+    def _schedule_ahead(self, step: InflightStep) -> SchedulerOutput | None:
+        """The step after `step`, launched before its tokens are read, if it can be decided now: a decode step
+        while nobody drafts (not after a step that verifies drafts, which Scheduler.schedule_ahead checks, nor
+        when the speculator decides on the next one's drafts); after a step verifying n-gram drafts, the step
+        on the guess that they are all accepted (Speculator.continuations)."""
+        speculator = self.speculator
+        if speculator is None or not speculator.wants_sync():
+            return self.scheduler.schedule_ahead(step.scheduled)
+        continuations = speculator.continuations(step.scheduled, step.requests)
+        return self.scheduler.schedule_guessed(step.scheduled, continuations) if continuations else None
+
+    def _guesses_held(self, guessed: SchedulerOutput) -> bool:
+        """Whether the tokens just read bear out any guess of `guessed` (launched on guesses); each request's
+        outcome is counted and told to the speculator."""
+        held = self.scheduler.check_guesses(guessed)
+        self.speculator.observe_guesses(held)
+        return any(held.values())
 
     def _schedule(self) -> SchedulerOutput:
         scheduled = self.scheduler.schedule()
@@ -279,7 +298,7 @@ def freeze_heap() -> None:
 def _step_stats(scheduled: SchedulerOutput, launched_ahead: bool, seconds: float, waited: float,
                 compiles: int) -> StepStats:
     tokens, rows = scheduled.total_num_scheduled_tokens, len(scheduled.req_ids)
-    kind = ("decode ahead" if launched_ahead else "verify" if scheduled.scheduled_spec_decode_tokens
-            else "prefill" if tokens > rows else "decode")
+    kind = "verify" if scheduled.scheduled_spec_decode_tokens else "prefill" if tokens > rows else "decode"
+    kind = f"{kind} ahead" if launched_ahead else kind
     return StepStats(kind, tokens, rows, seconds, waited, compiles)
 

@@ -19,7 +19,7 @@ from lamina.engine.stats import SchedulerStats
 from lamina.engine.step_message import StepMessages
 from lamina.kv.kv_manager import KVCacheManager
 from lamina.kv.types import PrefixMatch
-from lamina.step import ModelRunnerOutput, SchedulerOutput
+from lamina.step import Guess, ModelRunnerOutput, SchedulerOutput
 
 
 class Scheduler:
@@ -206,6 +206,50 @@ class Scheduler:
         return self.messages.build(batch, {r.request_id: 1 for r in batch},
                                    {r.request_id: r.num_tokens for r in batch}, decode_ahead=True)
 
+    def schedule_guessed(self, inflight: SchedulerOutput, continuations: dict[str, list[int]]
+                         ) -> SchedulerOutput | None:
+        """The step after `inflight`, a step verifying drafts whose tokens the host has not seen, launched on a
+        guess: that every request accepts all its drafts there and samples continuations[id][0] after them. It
+        computes that token and verifies continuations[id][1:] as its drafts:
+
+            request r:  | ... | last | d_0 .. d_{k-1} | c_0 | c_1 .. c_j |
+                                ^ inflight computes      ^ this step computes c_0 .. c_j (start: num_computed)
+                                  last .. d_{k-1}
+
+        None when it cannot be decided now: as for schedule_ahead (a waiting request, a running request outside
+        `inflight`, KV blocks short), a request without drafts in `inflight` or without a continuation, or one
+        whose own guess in `inflight` failed. A request whose guess fails gets nothing from this step
+        (update_from_output), as one that stopped in `inflight`."""
+        unfinished = self.live_requests(inflight)
+        if self.waiting or not unfinished or len(self.running) != len(unfinished):
+            return None
+        guessed, num_scheduled, num_computed = {}, {}, {}
+        for request in unfinished:
+            req_id = request.request_id
+            drafts, continuation = inflight.scheduled_spec_decode_tokens.get(req_id), continuations.get(req_id)
+            own_guess = inflight.guesses.get(req_id)
+            if not drafts or not continuation or (own_guess is not None
+                                                  and not own_guess.held_by(request.all_token_ids)):
+                return None
+            guessed[req_id] = (Guess(request.num_tokens, [*drafts, continuation[0]]), continuation[1:])
+            num_computed[req_id] = request.num_tokens + len(drafts)
+            num_scheduled[req_id] = len(continuation)
+        for request in unfinished:
+            req_id = request.request_id
+            if not self.kv.allocate_slots(request, inflight.num_scheduled_tokens[req_id] + num_scheduled[req_id]):
+                return None  # blocks taken so far stay with their requests: the next steps use them
+        return self.messages.build(unfinished, num_scheduled, num_computed, guessed=guessed)
+
+    def check_guesses(self, scheduled: SchedulerOutput) -> dict[str, bool]:
+        """After the step before `scheduled` (launched on guesses) is read: whether each request's guess held (not
+        for one that ended meanwhile); counted in the speculative stats."""
+        held = {request.request_id: guess.held_by(request.all_token_ids)
+                for request in self.live_requests(scheduled)
+                if (guess := scheduled.guesses.get(request.request_id)) is not None}
+        self.stats.spec.guessed_rows += len(scheduled.guesses)
+        self.stats.spec.guessed_rows_held += sum(held.values())
+        return held
+
     def live_requests(self, scheduled: SchedulerOutput) -> list[Request]:
         """The requests of a step still running (not one that ended, even if a waiting request reuses its id)."""
         live, requests, running = [], self.requests, RequestStatus.RUNNING
@@ -229,7 +273,11 @@ class Scheduler:
         requests that received tokens or finished this step."""
         now = time.monotonic()
         changed: list[Request] = []
+        guesses = scheduler_output.guesses
         for request in self.live_requests(scheduler_output):  # one that ended while this step ran ahead: void
+            guess = guesses.get(request.request_id) if guesses else None
+            if guess is not None and not guess.held_by(request.all_token_ids):
+                continue  # launched on a guess that failed: its rows are void
             if request.request_id in runner_output.failed:
                 self.fail_request(request.request_id, runner_output.failed[request.request_id])
                 changed.append(request)

@@ -9,15 +9,24 @@
     penalties, min_tokens); the engine may launch it before step t's outputs are processed. after_step: step t's
     wall time, once known (the policy's cost model, the verify time, a decision's share of a step, the gate).
 
+    guessing (n-gram, `guess_ahead`, greedy requests): while step t verifies drafts d, `continuations` proposes
+    from the tokens as they would be if every draft were accepted (history + d): its first token guesses the one
+    sampled after d, the rest are drafts after that. The engine launches step t + 1 on that guess before step
+    t's tokens are read (Scheduler.schedule_guessed), and after_tokens of step t decides nothing while the guess
+    holds: the next step is already running.
+
 With the adaptive policy, no decision is made (and the next step may be launched ahead) during a pause of the
 policy's (Rest) or a plain window of the gate's (SpecGate: speculation on or off by measured throughput).
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from lamina.config import EngineConfig, SpeculativeConfig
@@ -25,8 +34,11 @@ from lamina.engine.drafts import SpecDecodeStats, TokenArrays, Verdict, max_draf
 from lamina.engine.request import Request
 from lamina.engine.spec_gate import SpecGate
 from lamina.engine.spec_policy import SpecPolicy
+from lamina.spec.ngram import NgramProposer
 from lamina.spec.proposer import draft_tree, make_proposer
 from lamina.step import DRAFT_ON_DEVICE, ModelRunnerOutput, SchedulerOutput
+
+logger = logging.getLogger(__name__)
 
 
 MAX_REST = 32  # steps: the longest pause of the policy's decisions while speculation does not pay
@@ -40,6 +52,37 @@ MATCH_MAX_REST = 2
 # the default 0.71x at batch 32 and 0.65x at 256, pauses for a 5 % share 0.85-0.89x at 32-256)
 DECISION_BUDGET = 0.02
 HIT_DECAY = 0.9  # the hit rate (decisions that let some request draft) is an EMA over decisions with this decay
+# guesses (guess_ahead) pay while at least this share of them holds: on an H100 at batch 1 (demo model) a step
+# launched on a guess that held cost ~0.2 ms less than a verify step launched after its tokens, one whose guess
+# failed ~0.37 ms more (its launch, then the void step's device time): they break even at ~0.64 of them held.
+# Greedy requests whose guesses held 0.58-0.84 of the time gained nothing measurable, so a request guesses only
+# while its rate is well above that: after a failure it waits for a probe that holds
+GUESS_MIN_HELD = 0.75
+GUESS_DECAY = 0.7  # a request's guess rate is an EMA over its guesses with this decay (a failure pauses it)
+
+
+@dataclass
+class GuessRate:
+    """How often one request's guesses held (an EMA; it starts at 1: a request guesses until they fail). Below
+    GUESS_MIN_HELD it makes none, but for one in `every` chances (a probe), `every` doubling up to MAX_REST while
+    the rate stays low. How often guesses hold depends on the text, so each request has its own."""
+
+    held: float = 1.0
+    every: int = 1
+    skipped: int = 0
+
+    def wants(self) -> bool:
+        if self.held >= GUESS_MIN_HELD:
+            return True
+        self.skipped += 1
+        if self.skipped < self.every:
+            return False
+        self.skipped = 0
+        return True
+
+    def observe(self, held: bool) -> None:
+        self.held = GUESS_DECAY * self.held + (1 - GUESS_DECAY) * held
+        self.every = 1 if self.held >= GUESS_MIN_HELD else min(2 * self.every, MAX_REST)
 
 
 @dataclass
@@ -82,7 +125,8 @@ class Speculator:
     def __init__(self, config: SpeculativeConfig, max_model_len: int, stats: SpecDecodeStats,
                  policy: SpecPolicy | None = None, gate: SpecGate | None = None) -> None:
         """policy None: every request that may draft gets up to k drafts; gate None: speculation never paused
-        for a plain window (the gate is meant to go with a policy)."""
+        for a plain window (the gate is meant to go with a policy). With config.guess_ahead n-gram proposes
+        continuations to launch steps on (the module docstring)."""
         self.config = config
         self.k = config.num_speculative_tokens
         self.max_model_len = max_model_len
@@ -93,6 +137,10 @@ class Speculator:
         tree = draft_tree(config)
         stats.depths = () if tree is None else tree.depths
         self._arrays = TokenArrays()  # the drafting requests' tokens as numpy arrays, for the n-gram proposer
+        # n-gram's continuations: the guessed token and up to k drafts after it
+        self._guesser = (NgramProposer(self.k + 1, config.prompt_lookup_min, config.prompt_lookup_max)
+                         if config.guess_ahead and isinstance(self.proposer, NgramProposer) else None)
+        self._guess_rates: dict[str, GuessRate] = {}  # request id -> its guesses' rate (requests in flight)
         self._rest = Rest()
         self._decision_share = 0.0  # a decision's host time over the step's (EMA), for Rest
         self._decision_seconds: float | None = None  # the last decision's, until its step's time is known
@@ -128,13 +176,47 @@ class Speculator:
             self._rest.decided(Verdict.DRAFTING if any(caps) else Verdict.OFF)
         scheduled.draft_limits.update((request_id, limit) for request_id, limit in zip(ids, caps) if limit)
 
-    def after_tokens(self, scheduled: SchedulerOutput, result: ModelRunnerOutput, running: list[Request]) -> None:
+    def continuations(self, scheduled: SchedulerOutput, requests: list[Request]) -> dict[str, list[int]]:
+        """For `scheduled`, a step verifying n-gram drafts whose tokens are not read yet: each request's guess
+        of the token after its drafts and up to as many drafts after that (at least one), proposed from its
+        tokens followed by its drafts (the module docstring). Empty without a guesser; a request that samples (its
+        step launched on a guess that held was no shorter: docs/speculative.md), whose guesses fail too often to
+        pay (GuessRate), that may not draft after those tokens (max_drafts) or whose proposal is shorter has
+        none."""
+        drafts = scheduled.scheduled_spec_decode_tokens
+        if self._guesser is None or not drafts:
+            return {}
+        rates = self._guess_rates = {r.request_id: self._guess_rates.get(r.request_id) or GuessRate()
+                                     for r in requests}
+        asking, histories, limits = [], [], []
+        for request in requests:
+            own = drafts.get(request.request_id)
+            cap = 0 if not own else max_drafts(request, len(own), self.max_model_len, ahead=len(own) + 1)
+            if cap and request.sampling_params.greedy and rates[request.request_id].wants():
+                asking.append(request.request_id)
+                histories.append(np.concatenate((self._arrays.of(request), np.asarray(own, dtype=np.int64))))
+                limits.append(cap + 1)
+        proposed = self._guesser.propose(histories, limits) if asking else []
+        return {req_id: tokens for req_id, tokens in zip(asking, proposed) if len(tokens) >= 2}
+
+    def observe_guesses(self, held: dict[str, bool]) -> None:
+        """Whether each request's guess held, once the tokens it guessed are read."""
+        for req_id, ok in held.items():
+            if (rate := self._guess_rates.get(req_id)) is not None:
+                rate.observe(ok)
+
+    def after_tokens(self, scheduled: SchedulerOutput, result: ModelRunnerOutput, running: list[Request],
+                     next_guessed: bool = False) -> None:
         """Set the drafts of the next step (request.spec_token_ids) once this step's tokens are known (before its
-        outputs are processed: the engine may launch the next step first)."""
+        outputs are processed: the engine may launch the next step first). `next_guessed`: the next step was
+        launched on a guess that held (the module docstring): nothing is decided now."""
         self._observe_next = self.has_drafts = False
         self._emitted = sum(map(len, result.sampled_token_ids.values()))
         self._compiled = bool(result.num_compiles)
         self._step_plain, self._next_plain = self._next_plain, self._plain()
+        if next_guessed:
+            self._observe_next = self.policy is not None and not result.num_compiles
+            return
         # one step of the policy's pause passes (a plain window of the gate's leaves the pause as it is)
         resting = self.policy is not None and (self._plain() or self._rest.resting())
         worker_drafts = self.proposer is None and bool(scheduled.scheduled_spec_decode_tokens or result.num_drafts)
@@ -203,6 +285,10 @@ def make_speculator(spec: SpeculativeConfig, config: EngineConfig, device: torch
                     stats: SpecDecodeStats) -> Speculator:
     """The engine's speculator: with spec.adaptive, the policy and the gate."""
     policy = make_policy(spec, config, device)
+    if spec.guess_ahead and not config.async_scheduling:
+        logger.warning("speculative_config.guess_ahead needs async_scheduling (a step launched before the one "
+                       "before it is read): no guesses")
+        spec = dataclasses.replace(spec, guess_ahead=False)
     return Speculator(spec, max_model_len, stats, policy, SpecGate() if policy is not None else None)
 
 

@@ -8,7 +8,7 @@ from typing import Literal
 from lamina.engine.drafts import SpecDecodeStats
 from lamina.kv.kv_manager import KVCacheManager
 
-StepKind = Literal["prefill", "decode", "decode ahead", "verify"]
+StepKind = Literal["prefill", "decode", "decode ahead", "verify", "verify ahead"]
 
 
 @dataclass
@@ -64,9 +64,9 @@ class SchedulerStats:
 class StepStats:
     """One engine step, recorded while `LLMEngine.step_log` is a list (benchmarks, profiling).
 
-    kind: "decode ahead" when the step was launched by Scheduler.schedule_ahead during the step before it;
-    "verify" when it verified drafts (speculative decoding); else "prefill" when some request computed more
-    than one token, else "decode"."""
+    kind: "verify" when it verified drafts (speculative decoding); else "prefill" when some request computed
+    more than one token, else "decode"; with " ahead" when it was launched during the step before it
+    (Scheduler.schedule_ahead: "decode ahead"; Scheduler.schedule_guessed: "verify ahead")."""
 
     kind: StepKind
     num_tokens: int  # scheduled this step

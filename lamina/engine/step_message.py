@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from lamina.engine.request import Request
 from lamina.kv.kv_manager import KVCacheManager
-from lamina.step import CachedRequestData, NewRequestData, SchedulerOutput
+from lamina.step import CachedRequestData, Guess, NewRequestData, SchedulerOutput
 
 
 class StepMessages:
@@ -19,9 +19,11 @@ class StepMessages:
         self._finished: list[str] = []  # ended since the last message
 
     def build(self, batch: list[Request], num_scheduled: dict[str, int], num_computed: dict[str, int],
-              preempted_ids: list[str] | None = None, decode_ahead: bool = False) -> SchedulerOutput:
+              preempted_ids: list[str] | None = None, decode_ahead: bool = False,
+              guessed: dict[str, tuple[Guess, list[int]]] | None = None) -> SchedulerOutput:
         """The message of one step: `batch` in order, each computing num_scheduled[id] tokens from
-        num_computed[id]."""
+        num_computed[id]; its drafts are each request's spec_token_ids, or for a step launched on a guess the
+        drafts after each request's Guess (`guessed`)."""
         new_reqs: list[NewRequestData] = []
         cached = CachedRequestData()
         for request in batch:
@@ -35,11 +37,16 @@ class StepMessages:
                                            request.sampling_params, request.eos_token_ids, blocks,
                                            num_computed[req_id]))
         finished, self._finished = self._finished, []
-        drafts = {r.request_id: list(r.spec_token_ids) for r in batch if r.spec_token_ids}
+        if guessed is None:
+            drafts = {r.request_id: list(r.spec_token_ids) for r in batch if r.spec_token_ids}
+            guesses = {}
+        else:
+            drafts = {req_id: list(tokens) for req_id, (_, tokens) in guessed.items() if tokens}
+            guesses = {req_id: guess for req_id, (guess, _) in guessed.items()}
         return SchedulerOutput(req_ids=[r.request_id for r in batch], num_scheduled_tokens=num_scheduled,
                                new_reqs=new_reqs, cached_reqs=cached, scheduled_spec_decode_tokens=drafts,
                                finished_req_ids=finished, preempted_req_ids=preempted_ids or [],
-                               decode_ahead=decode_ahead)
+                               decode_ahead=decode_ahead, guesses=guesses)
 
     def preempted(self, req_id: str) -> None:
         """The worker drops its copy (the message names it); the request is sent whole when it runs again."""

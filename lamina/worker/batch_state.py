@@ -1,7 +1,8 @@
 """BatchState: the worker's own copy of every request it has been sent, kept in sync by the step messages.
 
     apply(step k message):  drop finished + preempted ids -> add new_reqs -> update cached_reqs
-    record(step k answer):  append each request's sampled tokens to its token ids
+    record(step k answer):  append each request's sampled tokens to its token ids (not those of a step
+                            launched on a guess that failed: lamina/step.py's Guess)
 
 A request's token ids cross the seam once (in NewRequestData); after that the worker appends the tokens it
 samples itself, so for every request it holds:
@@ -23,7 +24,7 @@ import random
 from dataclasses import dataclass
 
 from lamina.sampling_params import SamplingParams
-from lamina.step import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from lamina.step import Guess, ModelRunnerOutput, NewRequestData, SchedulerOutput
 from lamina.worker.penalty_state import PenaltyState
 
 
@@ -96,9 +97,11 @@ class BatchState:
         if self.requests.pop(req_id, None) is not None:
             self.penalties.remove(req_id)
 
-    def record(self, output: ModelRunnerOutput) -> None:
-        """Append the sampled tokens of the requests still held (one that ended meanwhile is gone)."""
+    def record(self, output: ModelRunnerOutput, guesses: dict[str, Guess] | None = None) -> None:
+        """Append the sampled tokens of the requests still held (one that ended meanwhile is gone). `guesses`:
+        the step was launched on them (lamina/step.py); a request whose guess failed gets none."""
         for req_id, token_ids in output.sampled_token_ids.items():
             state = self.requests.get(req_id)
-            if state is not None:
+            guess = guesses.get(req_id) if guesses else None
+            if state is not None and (guess is None or guess.held_by(state.token_ids)):
                 state.token_ids.extend(token_ids)

@@ -13,6 +13,8 @@ forward needs: first as host lists (`HostBatch`), then as device tensors (`Input
                      in logits_indices (PromptRows), so the sampling code sees only its own rows
     a decode_ahead step: one token at position c (q = 1), input id 0 until the model runner writes the
     in-flight step's sample there; it always samples
+    a step launched on a guess (lamina/step.py's Guess): r's tokens are its token ids up to guess.start, then
+    the guess's tokens (the in-flight step's drafts and the token guessed after them), then its drafts
     drafts the drafter holds on the device (lamina/step.py's DRAFT_ON_DEVICE): placeholder input ids until the
     model runner writes the drafts there on the device (DevicePatch)
     tree drafts (the first m nodes of a DraftTree): node i at position c + q - 1 - m + depth(i) (its slot stays
@@ -35,8 +37,8 @@ import torch
 from lamina.attention.metadata import AttentionMetadata, TreeMask
 from lamina.device import packed_to_device
 from lamina.spec.draft_tree import DraftTree
-from lamina.step import SchedulerOutput
-from lamina.worker.batch_state import BatchState
+from lamina.step import Guess, SchedulerOutput
+from lamina.worker.batch_state import BatchState, RequestState
 
 
 @dataclass
@@ -122,6 +124,15 @@ def _token_slice(tokens: list[int], drafts: list[int], start: int, end: int) -> 
     return (tokens + drafts)[start:end]
 
 
+def _guessed_slice(state: RequestState, guess: Guess, drafts: list[int], start: int, end: int) -> list[int]:
+    """Input ids of a request of a step launched on a guess: its tokens end where the guess starts (the step
+    before is not read yet), and the step starts at the guess's last token."""
+    if guess.start != state.num_tokens or not guess.start <= start < guess.end:
+        raise ValueError(f"guesses: request {state.req_id!r}'s guess covers [{guess.start}, {guess.end}) but the "
+                         f"worker holds {state.num_tokens} tokens and the step starts at {start}")
+    return (guess.token_ids + drafts)[start - guess.start:end - guess.start]
+
+
 def _tree_rows(tree: DraftTree, m: int, end: int, positions: list[int], ctx: list[int], bits: list[int]) -> None:
     """The request's last m tokens are the tree's first m nodes: at their depths' positions, seeing the keys up to
     the root (end - 1 - m) and their ancestors."""
@@ -145,7 +156,7 @@ def plan_batch(scheduled: SchedulerOutput, states: BatchState, block_size: int,
     draft_ids: list[int] = []
     tables: list[list[int]] = []
     prompt_rows = PromptRows()
-    drafts, held = scheduled.scheduled_spec_decode_tokens, states.requests
+    drafts, held, guesses = scheduled.scheduled_spec_decode_tokens, states.requests, scheduled.guesses
     tree = tree if drafts else None  # a step without drafts attends causally
     ctx: list[int] = []  # tree drafts: TreeMask's rows, the causal ones too
     bits: list[int] = []
@@ -153,8 +164,12 @@ def plan_batch(scheduled: SchedulerOutput, states: BatchState, block_size: int,
         state = held[req_id]
         start = state.num_computed_tokens
         end = start + scheduled.num_scheduled_tokens[req_id]
+        guess = guesses.get(req_id) if guesses else None
+        num_tokens = state.num_tokens if guess is None else guess.end  # its tokens, the guessed ones too
         if scheduled.decode_ahead:  # the token the step in flight samples: the runner fills in its id
             input_ids.append(0)
+        elif guess is not None:
+            input_ids += _guessed_slice(state, guess, drafts.get(req_id, []), start, end)
         else:
             input_ids += _token_slice(state.token_ids, drafts.get(req_id, []), start, end)
         params = state.sampling_params
@@ -174,8 +189,8 @@ def plan_batch(scheduled: SchedulerOutput, states: BatchState, block_size: int,
         if tree is not None:
             ctx += range(start + 1, end + 1)
             bits += [0] * (end - start)
-        if end >= state.num_tokens or scheduled.decode_ahead:
-            verified = drafts.get(req_id, [])[:end - state.num_tokens]
+        if end >= num_tokens or scheduled.decode_ahead:
+            verified = drafts.get(req_id, [])[:end - num_tokens]
             logits_indices.extend(range(len(input_ids) - 1 - len(verified), len(input_ids)))
             sampling.append(req_id)
             sample_positions.append(end - len(verified))

@@ -8,6 +8,7 @@ device.
 """
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 
@@ -70,6 +71,8 @@ class ModelRunner:
         compiles = compile_counter.count()
         self._prompt_logprobs = None  # set by _execute when the step scores prompt tokens
         pending = self._execute(scheduled)
+        if scheduled.guesses:  # launched on guesses (n-gram drafts, no drafter): a failed one's rows are void
+            pending.on_result = functools.partial(self.states.record, guesses=scheduled.guesses)
         pending.num_compiles = compile_counter.count() - compiles
         pending.add_prompt_logprobs(self._prompt_logprobs)
         return pending

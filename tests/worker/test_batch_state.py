@@ -6,7 +6,7 @@ import torch
 
 from lamina.layers.sampling_metadata import penalty_tensors
 from lamina.sampling_params import SamplingParams
-from lamina.step import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
+from lamina.step import CachedRequestData, Guess, ModelRunnerOutput, NewRequestData, SchedulerOutput
 from lamina.worker.batch_state import BatchState
 from lamina.worker.penalty_state import PenaltyState
 
@@ -55,6 +55,18 @@ def test_samples_are_recorded_and_drops_come_before_adds():
     cached.append("b", 1, 0, [])
     with pytest.raises(ValueError, match="cached_reqs"):
         states.apply(message(cached=cached))
+
+
+def test_a_step_launched_on_a_guess_records_only_the_rows_whose_guess_held():
+    """Both requests had [1, 2] when the guessed step was launched; the step before it gave "a" exactly the guessed
+    [7, 8] and "b" [7, 5]: "a" takes the guessed step's tokens, "b" (void) does not."""
+    states = BatchState(PenaltyState(VOCAB, CPU))
+    states.apply(message([new_req("a", [1, 2]), new_req("b", [1, 2])]))
+    states.record(ModelRunnerOutput(sampled_token_ids={"a": [7, 8], "b": [7, 5]}))
+    guesses = {"a": Guess(2, [7, 8]), "b": Guess(2, [7, 8])}
+    states.record(ModelRunnerOutput(sampled_token_ids={"a": [9, 10], "b": [11]}), guesses)
+    assert states["a"].token_ids == [1, 2, 7, 8, 9, 10] and states["b"].token_ids == [1, 2, 7, 5]
+    assert Guess(2, [7, 8]).held_by([1, 2, 7, 8]) and not Guess(2, [7, 8]).held_by([1, 2, 7, 8, 9])
 
 
 def test_incremental_penalty_counts_equal_counts_rebuilt_from_the_token_lists():

@@ -1,10 +1,11 @@
 """The flat batch layout: positions, slot mapping, offsets, which rows produce logits."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from lamina.sampling_params import SamplingParams
-from lamina.step import NewRequestData, SchedulerOutput
+from lamina.step import Guess, NewRequestData, SchedulerOutput
 from lamina.worker.batch_state import BatchState
 from lamina.worker.input_batch import plan_batch, to_device
 from lamina.worker.penalty_state import PenaltyState
@@ -48,6 +49,20 @@ def test_drafts_follow_the_verified_tokens_and_a_decode_ahead_step_always_sample
     ahead = new_req("a", [1, 2, 3], [4], computed=4, output=[50])  # position 4: the token in flight
     host, _ = build([ahead], {"a": 1}, block_size=8, decode_ahead=True)
     assert host.input_ids == [0] and host.positions == [4] and host.sampling_req_ids == ["a"]
+
+
+def test_a_step_launched_on_a_guess_reads_its_inputs_from_the_guess():
+    """The step in flight verifies 50 + drafts [60, 61] (positions 3..5) and has not been read; the step launched on
+    the guess that both are accepted and 62 follows computes 62 (position 6) and verifies the drafts [63, 64]."""
+    guessed = new_req("g", [1, 2, 3], [4, 5], computed=6, output=[50])
+    host, _ = build([guessed], {"g": 3}, block_size=8, scheduled_spec_decode_tokens={"g": [63, 64]},
+                    guesses={"g": Guess(4, [60, 61, 62])})
+    assert host.input_ids == [62, 63, 64] and host.positions == [6, 7, 8]
+    assert host.sampling_req_ids == ["g"] and host.num_draft_tokens == [2] and host.sample_positions == [7]
+    assert host.logits_indices == [0, 1, 2] and host.draft_token_ids == [63, 64]
+    with pytest.raises(ValueError, match="guesses"):  # the worker's tokens must end where the guess starts
+        build([guessed], {"g": 3}, block_size=8, scheduled_spec_decode_tokens={"g": [63, 64]},
+              guesses={"g": Guess(5, [61, 62])})
 
 
 def test_every_device_field_is_16_byte_aligned():
