@@ -24,11 +24,14 @@ def uniform_depth(chains: Sequence[Sequence[float]], n: int, draft_s: float, bar
                 total += chain[d - 1]
             expected[d - 1] += total
     best, best_d = bar, 0
+    costs: dict[int, float] = {}  # q -> the step's cost: depths padded to one captured q cost the same
     for d in range(1, len(expected) + 1):
         q = graph_q(n, 1 + d)
         if not q:
             break
-        tps = (n + expected[d - 1]) / (cost(n * q) + draft_s * len(chains))
+        if q not in costs:
+            costs[q] = cost(n * q)
+        tps = (n + expected[d - 1]) / (costs[q] + draft_s * len(chains))
         if tps > best:
             best, best_d = tps, d
     return best_d

@@ -18,6 +18,8 @@ def _bucket(num_tokens: int) -> int:
 
 def _isotonic(values: list[float], weights: list[int]) -> list[float]:
     """The non-decreasing sequence nearest `values` in weighted least squares (pool adjacent violators)."""
+    if all(a <= b for a, b in zip(values, values[1:])):
+        return list(values)  # already non-decreasing (the usual curve, refitted every step): itself
     blocks: list[list[float]] = []  # [mean, weight, length]
     for value, weight in zip(values, weights):
         blocks.append([value, weight, 1])
