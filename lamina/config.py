@@ -287,6 +287,10 @@ class EngineConfig:
                  "use 'auto'")
         # frozen: the user's dict or JSON becomes the dataclass once, here
         object.__setattr__(self, "speculative_config", SpeculativeConfig.from_user(self.speculative_config))
+        spec = self.speculative_config
+        _require(spec is None or not spec.guess_ahead or self.async_scheduling, "speculative_config.guess_ahead",
+                 "needs async_scheduling (a step is launched on a guess before the one before it is read); "
+                 "set async_scheduling=True or guess_ahead=false")
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,6 @@ policy's (Rest) or a plain window of the gate's (SpecGate: speculation on or off
 """
 from __future__ import annotations
 
-import dataclasses
-import logging
 import math
 import time
 from dataclasses import dataclass
@@ -37,8 +35,6 @@ from lamina.engine.spec_policy import SpecPolicy
 from lamina.spec.ngram import NgramProposer
 from lamina.spec.proposer import draft_tree, make_proposer
 from lamina.step import DRAFT_ON_DEVICE, ModelRunnerOutput, SchedulerOutput
-
-logger = logging.getLogger(__name__)
 
 
 MAX_REST = 32  # steps: the longest pause of the policy's decisions while speculation does not pay
@@ -285,10 +281,6 @@ def make_speculator(spec: SpeculativeConfig, config: EngineConfig, device: torch
                     stats: SpecDecodeStats) -> Speculator:
     """The engine's speculator: with spec.adaptive, the policy and the gate."""
     policy = make_policy(spec, config, device)
-    if spec.guess_ahead and not config.async_scheduling:
-        logger.warning("speculative_config.guess_ahead needs async_scheduling (a step launched before the one "
-                       "before it is read): no guesses")
-        spec = dataclasses.replace(spec, guess_ahead=False)
     return Speculator(spec, max_model_len, stats, policy, SpecGate() if policy is not None else None)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from lamina import DEMO_MODEL, LLM, SamplingParams
-from lamina.config import SpeculativeConfig
+from lamina.config import EngineConfig, ModelConfig, SpeculativeConfig
 from lamina.engine.drafts import SpecDecodeStats
 from lamina.engine.request import Request
 from lamina.engine.speculator import GUESS_MIN_HELD, MAX_REST, GuessRate, Speculator
@@ -133,3 +133,6 @@ def test_guess_ahead_is_for_ngram_only() -> None:
     with pytest.raises(ValueError, match="guess_ahead"):
         SpeculativeConfig(method="ngram", guess_ahead="yes")
     assert SpeculativeConfig(method="early_exit").guess_ahead is False  # off by default
+    with pytest.raises(ValueError, match="guess_ahead.*async_scheduling"):
+        EngineConfig(ModelConfig(model="m"), async_scheduling=False,
+                     speculative_config={"method": "ngram", "guess_ahead": True})
