@@ -194,12 +194,12 @@ def test_cpu_engine_never_captures(model_dir: str, caplog: pytest.LogCaptureFixt
     assert _llm(model_dir, enforce_eager=True).engine.executor.worker.runner.graphs is None
 
 
-def _with_eager_graphs(llm: LLM, max_batch_size: int) -> list[HostBatch]:
-    """Capture `llm`'s decode steps with EagerGraph standing in for CUDA graphs; returns the list of
-    the batches replayed from then on."""
+def _with_eager_graphs(llm: LLM, max_batch_size: int, prefill_tokens: int = 0) -> list[HostBatch]:
+    """Capture `llm`'s decode steps (and prompt chunks of up to `prefill_tokens` slots) with EagerGraph standing in
+    for CUDA graphs; returns the list of the batches replayed from then on."""
     worker = llm.engine.executor.worker
     graphs = CudaGraphRunner(worker.model, max_batch_size, worker.max_model_len, 8, torch.device("cpu"),
-                             graph_cls=EagerGraph)
+                             graph_cls=EagerGraph, prefill_tokens=prefill_tokens)
     graphs.capture_all()
     replayed: list[HostBatch] = []
     original_run = graphs.run
@@ -345,15 +345,7 @@ def test_replayed_prompt_chunks_equal_eager(model_dir: str, budget: int | None, 
     kw = {} if budget is None else {"max_num_batched_tokens": budget}
     eager = _llm(model_dir, **kw).generate(inputs, params, use_tqdm=False)
     llm = _llm(model_dir, **kw)
-    worker = llm.engine.executor.worker
-    graphs = CudaGraphRunner(worker.model, 6, worker.max_model_len, 8, torch.device("cpu"), graph_cls=EagerGraph,
-                             prefill_tokens=64)
-    graphs.capture_all()
-    replayed: list[HostBatch] = []
-    original_run = graphs.run
-    graphs.run = lambda batch, graph, ids=None, drafts=None: (replayed.append(batch) or
-                                                             original_run(batch, graph, ids, drafts))
-    worker.runner.graphs = graphs
+    replayed = _with_eager_graphs(llm, 6, prefill_tokens=64)
     out = llm.generate(inputs, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in eager]
     prefills = {(b.num_seqs, b.max_query_len) for b in replayed if b.max_query_len > 8}
