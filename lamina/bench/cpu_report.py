@@ -31,6 +31,9 @@ def run_info() -> dict:
 
 
 def write_report(path: str | None, report: dict) -> None:
+    """The report as compact JSON (benchmarks/results keeps its records minified: the repository travels to the
+    device machine, 64 MiB at most)."""
     if path:
         with open(path, "w") as f:
-            json.dump(report, f, indent=1)
+            json.dump(report, f, separators=(",", ":"))
+            f.write("\n")
