@@ -29,7 +29,7 @@ def simulate(ratio: float, noise: float, windows: int, seed: int) -> tuple[int, 
         host = rng.uniform(1 - noise, 1 + noise)
         rate = (ratio if spec else 1.0) * host
         for _ in range(gate.window):
-            gate.observe(1, 1, 1 / rate, plain=not spec)
+            gate.observe(1, 1, 1 / rate, gate.arm)
             seconds, plain_seconds = seconds + 1 / rate, plain_seconds + 1 / host
     return spec_windows, plain_seconds / seconds
 

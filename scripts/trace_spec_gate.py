@@ -10,7 +10,6 @@ window rate (tok/s), tokens and milliseconds per counted step; the bucket's stat
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
@@ -68,7 +67,7 @@ def main() -> int:
             for s in row["windows"]:
                 print(f"    bucket {s['bucket']:4d} {s['arm']:5s} windows {s['windows']:3d} rate {s['rate']:9.0f} "
                       f"tokens/step {s['tokens_per_step']:7.1f} ms/step {s['ms_per_step']:6.2f}")
-    state = {bucket: {**dataclasses.asdict(s), "leader": s.leader.value} for bucket, s in sorted(gate.buckets.items())}
+    state = {bucket: s.as_dict() for bucket, s in sorted(gate.buckets.items())}
     for bucket, s in state.items():
         print(f"  gate bucket {bucket}: {s}")
     if args.result_file:

@@ -18,7 +18,6 @@ A progress bar counts every generated token; at the end it prints the tables and
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import statistics
 import sys
@@ -118,6 +117,7 @@ def _spec_fields(before: SpecDecodeStats, after: SpecDecodeStats) -> dict:
             "tokens_per_verify_step": 1 + accepted / steps if steps else 0.0,
             "draft_ms": 1000 * (after.draft_seconds - before.draft_seconds),
             "plain_steps": after.plain_steps - before.plain_steps,
+            "full_steps": after.full_steps - before.full_steps,
             "guessed_rows": after.guessed_rows - before.guessed_rows,
             "guessed_rows_held": after.guessed_rows_held - before.guessed_rows_held}
 
@@ -230,7 +230,7 @@ def _gate_state(llm: LLM) -> dict:
     gate = speculator.gate if speculator is not None else None
     if gate is None:
         return {}
-    return {str(bucket): {**dataclasses.asdict(state), "leader": state.leader.value}
+    return {str(bucket): {**state.as_dict(), **({"mode": gate.modes[bucket].as_dict()} if bucket in gate.modes else {})}
             for bucket, state in sorted(gate.buckets.items())}
 
 

@@ -79,7 +79,8 @@ class Verdict(Enum):
 
 
 def propose_drafts(proposer: Proposer, requests: list[Request], k: int, max_model_len: int, arrays: TokenArrays,
-                   policy: SpecPolicy | None = None, stats: SpecDecodeStats | None = None) -> Verdict:
+                   policy: SpecPolicy | None = None, stats: SpecDecodeStats | None = None,
+                   decline_pause: int | None = None) -> Verdict:
     """Set the drafts of every running request that may have some (spec_token_ids; [] for the others) and say
     what was decided.
 
@@ -87,7 +88,8 @@ def propose_drafts(proposer: Proposer, requests: list[Request], k: int, max_mode
     hard cap: the policy first reads the verifies of the step just run, then picks each request's limit (all 0:
     speculation is off this step); after proposing it keeps only the drafts that still pay (a proposer may find
     fewer than asked). `stats` counts its choices. The caller tells the policy what the whole call cost
-    (SpecPolicy.observe_drafting)."""
+    (SpecPolicy.observe_drafting); decline_pause: the steps without a decision that letting nobody draft would
+    start (SpecPolicy.draft_limits)."""
     caps = [max_drafts(r, k, max_model_len) for r in requests]
     limits, ids, base = caps, [r.request_id for r in requests], 0
     matching = callable(getattr(proposer, "propose_with_matches", None))  # it tells its matches (Proposer's docs)
@@ -100,7 +102,7 @@ def propose_drafts(proposer: Proposer, requests: list[Request], k: int, max_mode
         base = _base_tokens(requests)
         policy.observe_requests(requests)
         if ask_first or not matching:
-            limits = policy.draft_limits(ids, caps, base, certain=matching)
+            limits = policy.draft_limits(ids, caps, base, certain=matching, decline_pause=decline_pause)
     asking = [i for i, n in enumerate(limits) if n > 0]
     arrays.keep_only(set(ids))  # not only the asking: the policy switches requests on and off
     drafts, matches = _propose(proposer, [arrays.of(requests[i]) for i in asking], [limits[i] for i in asking],
@@ -121,14 +123,15 @@ def propose_drafts(proposer: Proposer, requests: list[Request], k: int, max_mode
                 request_matches[i] = match
         # n-gram: a verify step commits the next step to a decision too, so its host time counts (at batch 8 on
         # the H200 a decision costs ~0.3 ms against a 0.6 ms step); a worker's drafts are already paid for
-        kept = policy.draft_limits(ids, found, base, drafting_cost=matching, matches=request_matches)
+        kept = policy.draft_limits(ids, found, base, drafting_cost=matching, matches=request_matches,
+                                   decline_pause=decline_pause)
         for request, keep, num in zip(requests, kept, found):
             if keep < num:
                 request.spec_token_ids = request.spec_token_ids[:keep]
         if request_matches is not None:
             policy.note_matches(ids, [m if keep else 0 for m, keep in zip(request_matches, kept)])
         if matching and not ask_first and not any(kept):
-            limits = policy.draft_limits(ids, caps, base, certain=True)
+            limits = policy.draft_limits(ids, caps, base, certain=True, decline_pause=decline_pause)
             asking = [i for i, n in enumerate(limits) if n > 0]
     if stats is not None:
         stats.record_policy(caps, limits, found, kept)
@@ -196,6 +199,7 @@ class SpecDecodeStats:
     policy_limit_tokens: int = 0  # drafts the policy allowed them, summed (n-gram, few requests: their caps)
     policy_cut_tokens: int = 0  # drafts proposed, then dropped because they no longer paid
     plain_steps: int = 0  # steps the gate ran without speculation (SpecGate's plain windows)
+    full_steps: int = 0  # steps the gate ran drafting without the policy (SpecGate's FULL windows)
     # steps launched on a guess (Scheduler.schedule_guessed): their rows, and those whose guess held
     guessed_rows: int = 0
     guessed_rows_held: int = 0

@@ -28,9 +28,23 @@ faster): the probes of an arm 30 % slower cost 1 % of the throughput at most, th
 which they may (its noise takes more windows to settle, and a wrong lead costs little). A change of workload
 (another prompt, longer contexts) is noticed within max_gap windows. A window ends early when the batch leaves its
 bucket; it counts if at least half of it was counted, else its arm runs again.
+
+The speculating windows have two modes, chosen the same way by a second pair of arms per bucket
+(SpecGate(full=True), the engine's):
+
+    SPEC    the policy decides each step's drafts (above)
+    FULL    no policy: every request that may draft gets up to k drafts, at every step (as `adaptive: false`)
+
+SPEC leads first and in doubt: FULL needs the same margin over it to lead. A speculating window counts for
+speculation's rate only in the mode that leads, so that a probe of the other mode is not taken for it. Why FULL:
+the policy's bookkeeping and decisions cost host time every step, ~20-35 us of a 0.25-0.5 ms batch-1 step on an
+H100's host, and there a verify step costs little more than a plain one, so drafting at every match pays: k fixed
+ran 15-25 % faster than the policy at batch 1 (docs/BENCHMARKS.md, thirty-fifth session). At 128-256 rows drafts
+without the policy lose (k fixed 0.77x there) and are only probed.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from enum import Enum
@@ -44,8 +58,9 @@ STALL_FACTOR = 50  # a counted step slower than this many times its window's med
 
 
 class Arm(Enum):
-    SPEC = "spec"
-    PLAIN = "plain"
+    SPEC = "spec"  # the policy decides the drafts
+    FULL = "full"  # every request that may draft gets up to k (no policy)
+    PLAIN = "plain"  # no drafts, no decisions
 
 
 def batch_bucket(num_rows: int) -> int:
@@ -55,23 +70,29 @@ def batch_bucket(num_rows: int) -> int:
 
 @dataclass
 class BucketState:
-    """One batch-size bucket: the paired advantage of speculation, the leader, the probe schedule, and each arm's
-    rate (an EMA of its windows, tokens/s: for reading; decisions use the pairs)."""
+    """One batch-size bucket's choice between two arms, `first` and `second` (speculation against plain, or
+    drafts without the policy against the policy's): the paired advantage of `first`, the leader, the probe
+    schedule, and each arm's rate (an EMA of its windows, tokens/s: for reading; decisions use the pairs)."""
 
-    advantage: float | None = None  # EMA of log(spec rate / plain rate) over probes, each against its neighbours
-    leader: Arm = Arm.SPEC
+    first: Arm = Arm.SPEC
+    second: Arm = Arm.PLAIN  # leads in doubt: `first` must be faster by SPEC_MARGIN
+    advantage: float | None = None  # EMA of log(first rate / second rate) over probes, each against its neighbours
+    leader: Arm | None = None  # None: `first`
     gap: int = 1  # leader windows between probes
     since_probe: int = 0  # leader windows since the last probe
-    spec_rate: float | None = None
-    plain_rate: float | None = None
-    spec_windows: int = 0  # windows measured in each arm
-    plain_windows: int = 0
+    first_rate: float | None = None
+    second_rate: float | None = None
+    first_windows: int = 0  # windows measured in each arm
+    second_windows: int = 0
     before: float | None = None  # the rate of the leader's last window
     probe: float | None = None  # the rate of a probe waiting for the leader window after it
 
+    def __post_init__(self) -> None:
+        self.leader = self.first if self.leader is None else self.leader
+
     def next_arm(self) -> Arm:
         probing = self.probe is None and self.before is not None and self.since_probe >= self.gap
-        return _other(self.leader) if probing else self.leader
+        return self._other(self.leader) if probing else self.leader
 
     def record(self, arm: Arm, rate: float, max_gap: int) -> None:
         """A window of `arm` ran at `rate`. A probe waits for the leader's next window; then its rate against the
@@ -82,7 +103,7 @@ class BucketState:
             return
         if self.probe is not None:
             paired = self.probe / (0.5 * ((self.before or rate) + rate))
-            sample = math.log(paired) if arm is Arm.PLAIN else -math.log(paired)
+            sample = math.log(paired) if arm is self.second else -math.log(paired)
             self.advantage = sample if self.advantage is None else (
                 RATE_DECAY * self.advantage + (1 - RATE_DECAY) * sample)
             self.probe = None
@@ -91,11 +112,16 @@ class BucketState:
                 return
         self.since_probe, self.before = self.since_probe + 1, rate
 
+    def as_dict(self) -> dict:
+        """The state as JSON-ready values (arms by name)."""
+        state = dataclasses.asdict(self)
+        return {key: value.value if isinstance(value, Arm) else value for key, value in state.items()}
+
     def _choose(self, max_gap: int) -> bool:
-        """Speculation leads while its advantage beats SPEC_MARGIN; the next probe comes after max(2 gap,
+        """`first` leads while its advantage beats SPEC_MARGIN; the next probe comes after max(2 gap,
         loss / EXPLORE_BUDGET) windows (loss / EXPLORE_BUDGET after a change of lead). Whether the lead changed."""
-        ratio = math.exp(self.advantage) / (1 + SPEC_MARGIN)  # spec over plain, the margin taken off
-        faster = Arm.SPEC if ratio > 1 else Arm.PLAIN
+        ratio = math.exp(self.advantage) / (1 + SPEC_MARGIN)  # first over second, the margin taken off
+        faster = self.first if ratio > 1 else self.second
         loss = 1 - min(ratio, 1 / ratio)
         changed = faster is not self.leader
         self.leader = faster
@@ -103,16 +129,15 @@ class BucketState:
         return changed
 
     def _count(self, arm: Arm, rate: float) -> None:
-        if arm is Arm.SPEC:
-            old, self.spec_windows = self.spec_rate, self.spec_windows + 1
-            self.spec_rate = rate if old is None else RATE_DECAY * old + (1 - RATE_DECAY) * rate
+        if arm is self.first:
+            old, self.first_windows = self.first_rate, self.first_windows + 1
+            self.first_rate = rate if old is None else RATE_DECAY * old + (1 - RATE_DECAY) * rate
         else:
-            old, self.plain_windows = self.plain_rate, self.plain_windows + 1
-            self.plain_rate = rate if old is None else RATE_DECAY * old + (1 - RATE_DECAY) * rate
+            old, self.second_windows = self.second_rate, self.second_windows + 1
+            self.second_rate = rate if old is None else RATE_DECAY * old + (1 - RATE_DECAY) * rate
 
-
-def _other(arm: Arm) -> Arm:
-    return Arm.PLAIN if arm is Arm.SPEC else Arm.SPEC
+    def _other(self, arm: Arm) -> Arm:
+        return self.second if arm is self.first else self.first
 
 
 @dataclass(frozen=True)
@@ -129,13 +154,15 @@ class WindowRecord:
 
 
 class SpecGate:
-    """Whether the next steps speculate (see the module docstring). The Speculator asks `plain` before each
-    decision and tells `observe` every step's rows, emitted tokens, wall time and the arm its drafts were
-    decided in. While `window_log` is a list, every window that ends is appended to it."""
+    """Whether the next steps speculate, and how (see the module docstring). The Speculator asks `plain` and
+    `full` before each decision and tells `observe` every step's rows, emitted tokens, wall time and the arm its
+    drafts were decided in. full=True: the speculating windows choose between SPEC and FULL too (`modes`). While
+    `window_log` is a list, every window that ends is appended to it."""
 
-    def __init__(self, window: int = WINDOW, max_gap: int = MAX_GAP) -> None:
-        self.window, self.max_gap = window, max_gap
-        self.buckets: dict[int, BucketState] = {}
+    def __init__(self, window: int = WINDOW, max_gap: int = MAX_GAP, full: bool = False) -> None:
+        self.window, self.max_gap, self.full_arm = window, max_gap, full
+        self.buckets: dict[int, BucketState] = {}  # speculation (SPEC) against plain, per bucket
+        self.modes: dict[int, BucketState] = {}  # a speculating window's mode: FULL against SPEC (full=True)
         self.window_log: list[WindowRecord] | None = None
         self._arm = Arm.SPEC
         self._bucket: int | None = None  # the window's bucket
@@ -143,13 +170,23 @@ class SpecGate:
         self._counted: list[tuple[int, float]] = []  # (tokens, seconds) of the window's counted steps
 
     @property
+    def arm(self) -> Arm:
+        """The current window's arm."""
+        return self._arm
+
+    @property
     def plain(self) -> bool:
         """Whether the current window runs without speculation."""
         return self._arm is Arm.PLAIN
 
-    def observe(self, num_rows: int, num_tokens: int, seconds: float, plain: bool, countable: bool = True) -> None:
-        """One step of `num_rows` rows emitted `num_tokens` tokens in `seconds`. `plain`: whether its drafts were
-        decided in a plain window (the window's arm when it counts); countable: it compiled no kernel."""
+    @property
+    def full(self) -> bool:
+        """Whether the current window drafts without the policy (up to k for every request that may draft)."""
+        return self._arm is Arm.FULL
+
+    def observe(self, num_rows: int, num_tokens: int, seconds: float, arm: Arm, countable: bool = True) -> None:
+        """One step of `num_rows` rows emitted `num_tokens` tokens in `seconds`. `arm`: the arm its drafts were
+        decided in (the window's when it counts); countable: it compiled no kernel."""
         if num_rows <= 0:
             return
         bucket = batch_bucket(num_rows)
@@ -157,7 +194,7 @@ class SpecGate:
             self._end_window(complete=False)
             self._start_window(bucket)
         self._steps += 1
-        if countable and plain == self.plain:
+        if countable and arm is self._arm:
             self._counted.append((num_tokens, seconds))
         if self._steps >= self.window:
             self._end_window(complete=True)
@@ -166,6 +203,8 @@ class SpecGate:
     def _start_window(self, bucket: int) -> None:
         self._bucket, self._steps, self._counted = bucket, 0, []
         self._arm = self.buckets.setdefault(bucket, BucketState()).next_arm()
+        if self._arm is Arm.SPEC and self.full_arm:
+            self._arm = self.modes.setdefault(bucket, BucketState(Arm.FULL, Arm.SPEC, leader=Arm.SPEC)).next_arm()
 
     def _end_window(self, complete: bool) -> None:
         if self._bucket is None:
@@ -174,10 +213,20 @@ class SpecGate:
         tokens, seconds = sum(t for t, _ in counted), sum(s for _, s in counted)
         recorded = seconds > 0 and (complete or 2 * len(counted) >= self.window)
         if recorded:
-            self.buckets[self._bucket].record(self._arm, tokens / seconds, self.max_gap)
+            self._record(tokens / seconds)
         if self.window_log is not None:
             self.window_log.append(WindowRecord(self._bucket, self._arm, self._steps, len(counted), tokens, seconds,
                                                 recorded))
+
+
+    def _record(self, rate: float) -> None:
+        """A window's rate to its bucket's states: speculation against plain (a speculating window only in the
+        mode that leads, so that a probe of the other mode is not taken for speculation's rate), and the modes."""
+        mode = self.modes[self._bucket] if self.full_arm and not self.plain else None
+        if mode is None or self._arm is mode.leader:
+            self.buckets[self._bucket].record(Arm.PLAIN if self.plain else Arm.SPEC, rate, self.max_gap)
+        if mode is not None:
+            mode.record(self._arm, rate, self.max_gap)
 
 
 def without_stalls(steps: list[tuple[int, float]]) -> list[tuple[int, float]]:

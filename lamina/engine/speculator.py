@@ -16,7 +16,8 @@
     holds: the next step is already running.
 
 With the adaptive policy, no decision is made (and the next step may be launched ahead) during a pause of the
-policy's (Rest) or a plain window of the gate's (SpecGate: speculation on or off by measured throughput).
+policy's (Rest) or a plain window of the gate's (SpecGate: speculation on or off by measured throughput); in the
+gate's FULL windows the policy is left out and every request that may draft gets up to k, as without it.
 """
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ import torch
 from lamina.config import EngineConfig, SpeculativeConfig
 from lamina.engine.drafts import SpecDecodeStats, TokenArrays, Verdict, max_drafts, propose_drafts
 from lamina.engine.request import Request
-from lamina.engine.spec_gate import SpecGate
+from lamina.engine.spec_gate import Arm, SpecGate
 from lamina.engine.spec_policy import SpecPolicy
+from lamina.engine.step_cost import StepCostModel
 from lamina.spec.ngram import NgramProposer
 from lamina.spec.proposer import draft_tree, make_proposer
 from lamina.step import DRAFT_ON_DEVICE, ModelRunnerOutput, SchedulerOutput
@@ -54,6 +56,10 @@ HIT_DECAY = 0.9  # the hit rate (decisions that let some request draft) is an EM
 # Greedy requests whose guesses held 0.58-0.84 of the time gained nothing measurable, so a request guesses only
 # while its rate is well above that: after a failure it waits for a probe that holds
 GUESS_MIN_HELD = 0.75
+# the policy's step-cost curve is fitted again after this many observed steps, not after each: a fit cost ~25 us of
+# a batch-1 decision's ~80 on an H100's host, and a curve of medians over 16-step buckets moves slowly
+COST_REFIT_EVERY = 8
+DECISION_MEMO_STEPS = 32  # ... and its n-gram answers for a few requests are kept this many steps (SpecPolicy)
 GUESS_DECAY = 0.7  # a request's guess rate is an EMA over its guesses with this decay (a failure pauses it)
 
 
@@ -110,11 +116,19 @@ class Rest:
         if verdict is Verdict.DRAFTING:
             self.length = 1
         elif verdict is Verdict.NOTHING_FOUND:
-            wasted = decision_share * (1 - self.hit_rate)
-            longest = min(MAX_REST, max(MATCH_MAX_REST, math.ceil(wasted / DECISION_BUDGET) - 1))
+            longest = self._longest(decision_share, self.hit_rate)
             self.left, self.length = min(self.length, longest), min(2 * self.length, longest)
         else:
             self.left, self.length = self.length, min(2 * self.length, MAX_REST)
+
+    def if_nothing_drafted(self, decision_share: float) -> int:
+        """The pause that a decision letting nobody draft (though drafts could pay) would start: the steps the
+        next decision is put off by, which the policy weighs (SpecPolicy.draft_limits's decline_pause)."""
+        return min(self.length, self._longest(decision_share, HIT_DECAY * self.hit_rate))
+
+    def _longest(self, decision_share: float, hit_rate: float) -> int:
+        wasted = decision_share * (1 - hit_rate)
+        return min(MAX_REST, max(MATCH_MAX_REST, math.ceil(wasted / DECISION_BUDGET) - 1))
 
 
 class Speculator:
@@ -142,7 +156,8 @@ class Speculator:
         self._decision_seconds: float | None = None  # the last decision's, until its step's time is known
         self._observe_next = False  # whether after_step feeds the step's time to the policy's cost model
         self._emitted = 0  # tokens the step emitted, for the gate
-        self._step_plain = self._next_plain = False  # whether this step's / the next's drafts were decided plain
+        self._step_arm = self._next_arm = Arm.SPEC  # the gate's arm this step's / the next's drafts were decided in
+        self._policy_skipped = False  # whether steps ran since the policy last read the requests (FULL windows)
         self.has_drafts = False  # whether after_tokens left drafts for the next step (the engine launches it early)
         self._compiled = False  # whether the step compiled a kernel (no sample of its speed)
 
@@ -153,22 +168,28 @@ class Speculator:
 
     def wants_sync(self) -> bool:
         """Whether the next step must wait for this one's tokens (no step launched ahead): always without the
-        policy (k fixed), and with it whenever a decision is due (not during a pause or a plain window)."""
-        return self.policy is None or not (self._rest.left or self._plain())
+        policy (k fixed, or the gate's FULL window), and with it whenever a decision is due (not during a pause
+        or a plain window)."""
+        return self._deciding() is None or not (self._rest.left or self._plain())
 
     def _plain(self) -> bool:
         return self.gate is not None and self.gate.plain
 
+    def _deciding(self) -> SpecPolicy | None:
+        """The policy, unless the gate's window drafts without it (FULL) or there is none (k fixed)."""
+        return None if self.gate is not None and self.gate.full else self.policy
+
     def before_step(self, scheduled: SchedulerOutput, requests: list[Request]) -> None:
         """Ask the worker for drafts of the requests whose scheduled range reaches their end."""
-        if self.proposer is not None or (self.policy is not None and (self._rest.left or self._plain())):
+        policy = self._deciding()
+        if self.proposer is not None or (policy is not None and (self._rest.left or self._plain())):
             return
         ids = [r.request_id for r in requests]
         caps = [max_drafts(r, self.k, self.max_model_len, ahead=1)
                 if r.num_computed_tokens + scheduled.num_scheduled_tokens[r.request_id] >= r.num_tokens else 0
                 for r in requests]
-        if self.policy is not None:
-            caps = self.policy.draft_limits(ids, caps)
+        if policy is not None:
+            caps = policy.draft_limits(ids, caps)
             self._rest.decided(Verdict.DRAFTING if any(caps) else Verdict.OFF)
         scheduled.draft_limits.update((request_id, limit) for request_id, limit in zip(ids, caps) if limit)
 
@@ -209,32 +230,35 @@ class Speculator:
         self._observe_next = self.has_drafts = False
         self._emitted = sum(map(len, result.sampled_token_ids.values()))
         self._compiled = bool(result.num_compiles)
-        self._step_plain, self._next_plain = self._next_plain, self._plain()
+        self._step_arm, self._next_arm = self._next_arm, self.gate.arm if self.gate is not None else Arm.SPEC
+        policy = self._deciding()
         if next_guessed:
-            self._observe_next = self.policy is not None and not result.num_compiles
+            self._observe_next = policy is not None and not result.num_compiles
             return
         # one step of the policy's pause passes (a plain window of the gate's leaves the pause as it is)
-        resting = self.policy is not None and (self._plain() or self._rest.resting())
+        resting = policy is not None and (self._plain() or self._rest.resting())
         worker_drafts = self.proposer is None and bool(scheduled.scheduled_spec_decode_tokens or result.num_drafts)
         if resting and not worker_drafts and (self.proposer is not None or self._plain()):
             # nobody drafts (spec_token_ids were settled after the last verify step), and nothing is done per
             # request: a plain window's step costs the gate's accounting alone. (A worker-side proposer's steps in
             # the policy's own pause still sample the cost model: they are its plain steps.)
             return
-        self._observe_next = self.policy is not None and not result.num_compiles  # a compiling step is no sample
+        self._observe_next = policy is not None and not result.num_compiles  # a compiling step is no sample
+        self._resync(policy, running)
         start = time.perf_counter()
         if self.proposer is not None:
-            verdict = propose_drafts(self.proposer, running, self.k, self.max_model_len, self._arrays, self.policy,
-                                     self.stats)
-            if self.policy is not None:
+            pause = self._rest.if_nothing_drafted(self._decision_share) if policy is not None else None
+            verdict = propose_drafts(self.proposer, running, self.k, self.max_model_len, self._arrays, policy,
+                                     self.stats, decline_pause=pause)
+            if policy is not None:
                 # the whole decision's host time (policy, proposal, bookkeeping) is what drafting costs a step
                 self._decision_seconds = time.perf_counter() - start
-                self.policy.observe_drafting(len(running), self._decision_seconds)
+                policy.observe_drafting(len(running), self._decision_seconds)
                 self._rest.decided(verdict, self._decision_share)
         elif worker_drafts:
-            self._take_worker_drafts(result, running)
-        elif self.policy is not None:
-            self.policy.tick()  # a SPEC step without drafts: the estimates age (spec_policy.py: Exploration)
+            self._take_worker_drafts(result, running, policy)
+        elif policy is not None:
+            policy.tick()  # a SPEC step without drafts: the estimates age (spec_policy.py: Exploration)
         # drafts are set above only (else they were settled after the last verify step): no O(rows) scan otherwise
         self.has_drafts = (self.proposer is not None or worker_drafts) and any(r.spec_token_ids for r in running)
         self.stats.draft_seconds += time.perf_counter() - start
@@ -253,7 +277,8 @@ class Speculator:
             self._observe_decision(decision, own_seconds)
         if self.gate is not None:
             self.stats.plain_steps += self.gate.plain
-            self.gate.observe(len(scheduled.req_ids), self._emitted, step_seconds, self._step_plain,
+            self.stats.full_steps += self.gate.full
+            self.gate.observe(len(scheduled.req_ids), self._emitted, step_seconds, self._step_arm,
                               countable=not self._compiled)
 
     def _observe_decision(self, seconds: float, step_seconds: float) -> None:
@@ -261,18 +286,28 @@ class Speculator:
             share = seconds / step_seconds
             self._decision_share = 0.9 * self._decision_share + 0.1 * share if self._decision_share else share
 
-    def _take_worker_drafts(self, result: ModelRunnerOutput, running: list[Request]) -> None:
+    def _resync(self, policy: SpecPolicy | None, running: list[Request]) -> None:
+        """The policy reads the requests' verifies at each of its decisions; those of the steps decided without it
+        (the gate's FULL windows) are skipped, not learned from as if they were one verify of the policy's."""
+        if policy is None:
+            self._policy_skipped = self.policy is not None
+        elif self._policy_skipped:
+            policy.skip_verifies(running)
+            self._policy_skipped = False
+
+    def _take_worker_drafts(self, result: ModelRunnerOutput, running: list[Request], policy: SpecPolicy | None
+                            ) -> None:
         """The worker's drafts (held on its device: DRAFT_ON_DEVICE entries), cut to max_drafts and to what still
-        pays (the policy, with the drafts found)."""
-        if self.policy is not None:
-            self.policy.observe_requests(running)  # the acceptance of the step's verified drafts
+        pays (the policy deciding now, with the drafts found)."""
+        if policy is not None:
+            policy.observe_requests(running)  # the acceptance of the step's verified drafts
         for request in running:
             proposed = result.num_drafts.get(request.request_id, 0)
             request.spec_token_ids = [DRAFT_ON_DEVICE] * min(proposed, max_drafts(request, self.k,
                                                                                    self.max_model_len))
-        if self.policy is not None and any(r.spec_token_ids for r in running):
-            kept = self.policy.draft_limits([r.request_id for r in running], [len(r.spec_token_ids) for r in running],
-                                            drafting_cost=False)
+        if policy is not None and any(r.spec_token_ids for r in running):
+            kept = policy.draft_limits([r.request_id for r in running], [len(r.spec_token_ids) for r in running],
+                                       drafting_cost=False)
             for request, keep in zip(running, kept):
                 del request.spec_token_ids[keep:]
 
@@ -281,7 +316,7 @@ def make_speculator(spec: SpeculativeConfig, config: EngineConfig, device: torch
                     stats: SpecDecodeStats) -> Speculator:
     """The engine's speculator: with spec.adaptive, the policy and the gate."""
     policy = make_policy(spec, config, device)
-    return Speculator(spec, max_model_len, stats, policy, SpecGate() if policy is not None else None)
+    return Speculator(spec, max_model_len, stats, policy, SpecGate(full=True) if policy is not None else None)
 
 
 def make_policy(spec: SpeculativeConfig, config: EngineConfig, device: torch.device) -> SpecPolicy | None:
@@ -290,6 +325,7 @@ def make_policy(spec: SpeculativeConfig, config: EngineConfig, device: torch.dev
         return None
     sched = config.scheduler_config
     graphs = device.type == "cuda" and not config.enforce_eager  # the worker's graph_decision, roughly
-    return SpecPolicy(graph_query_lens=spec.verify_query_lens if graphs else (),
+    return SpecPolicy(cost=StepCostModel(refit_every=COST_REFIT_EVERY), memo_steps=DECISION_MEMO_STEPS,
+                      graph_query_lens=spec.verify_query_lens if graphs else (),
                       graph_max_rows=min(config.cuda_graph_max_batch_size, sched.max_num_seqs) if graphs else 0,
                       max_step_tokens=sched.max_num_batched_tokens)

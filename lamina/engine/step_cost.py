@@ -42,7 +42,9 @@ class StepCostModel:
     newest step observed) is stale and counts as unmeasured again; its next step replaces its old ones. So a
     cost measured once and then never again, because it said drafting cannot pay (a warm-up's slow verify
     steps, a host since grown faster), is tried again within max_age, at the price of a few steps of the
-    dearer kind. The points are made non-decreasing (isotonic) and joined linearly. Where there are none:
+    dearer kind. The points are made non-decreasing (isotonic) and joined linearly, the curve fitted again after
+    every `refit_every` observed steps (1: after each; the engine's policy refits every few steps, since a fit
+    costs a decision at batch 1 more than the rest of it). Where there are none:
 
         no point at all      1.0 s at every count: drafts look free, so the first verify steps get measured
         below the first x0   y0 * T / x0, proportional: the base step looks cheap, so it gets measured
@@ -51,8 +53,10 @@ class StepCostModel:
     """
 
     def __init__(self, window: int = 16, min_samples: int = 3, max_age: float = 4.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, refit_every: int = 1) -> None:
         self.window, self.min_samples, self.max_age, self.clock = window, min_samples, max_age, clock
+        self.refit_every = refit_every
+        self._unfitted = 0  # steps observed since the curve was last fitted
         self._buckets: dict[int, deque[tuple[int, float]]] = {}
         self._newest: dict[int, float] = {}  # bucket -> when its newest step was observed
         self._now = 0.0  # when the newest step of all was observed: the curve's age is judged at it
@@ -60,6 +64,7 @@ class StepCostModel:
         self._points: dict[int, tuple[float, float, float, int]] = {}
         self._curve: tuple[np.ndarray, np.ndarray] | None = None
         self._scalar: tuple[list[float], list[float], float] | None = None  # the curve as lists, and its slope
+        self._costs: dict[int, float] = {}  # tokens -> cost: the scalar answers of the fitted curve
 
     def observe(self, num_tokens: int, seconds: float) -> None:
         if num_tokens <= 0 or not math.isfinite(seconds) or seconds <= 0:
@@ -71,7 +76,9 @@ class StepCostModel:
         steps.append((num_tokens, seconds))
         self._newest[bucket] = self._now = now
         self._points.pop(bucket, None)
-        self._curve = self._scalar = None
+        self._unfitted += 1
+        if self._scalar is None or self._unfitted >= self.refit_every:
+            self._curve = self._scalar = None
 
     def seed(self, points: Iterable[tuple[int, float]]) -> None:
         """Steps timed at start-up, (tokens, seconds): each counts as `min_samples` measured steps."""
@@ -91,7 +98,7 @@ class StepCostModel:
         observed step without building arrays (the policy asks scalars every step)."""
         if self._scalar is None:
             xs, ys = self._fitted()
-            self._scalar = xs, ys, _slope(xs, ys)
+            self._scalar, self._unfitted, self._costs = (xs, ys, _slope(xs, ys)), 0, {}
         return self._scalar
 
     def _fitted(self) -> tuple[list[float], list[float]]:
@@ -119,7 +126,11 @@ class StepCostModel:
         the policy asks a few scalars every step, at ~25 us each through numpy)."""
         if not isinstance(num_tokens, (int, np.integer)):
             return _evaluate(*self.points(), num_tokens)
-        return _evaluate_one(*self._scalar_curve(), int(num_tokens))
+        curve, tokens = self._scalar_curve(), int(num_tokens)
+        cost = self._costs.get(tokens)
+        if cost is None:
+            cost = self._costs[tokens] = _evaluate_one(*curve, tokens)
+        return cost
 
 
 def _fit(points: list[tuple[float, float, int]]) -> tuple[list[float], list[float]]:

@@ -58,3 +58,54 @@ def test_propose_drafts_notes_the_matches_and_learns_from_their_verifies() -> No
     before = policy.matches.rate(4, policy.steps), policy.matches.rate(5, policy.steps)
     policy.observe_requests([request])
     assert policy.matches.rate(4, policy.steps) > before[0] and policy.matches.rate(5, policy.steps) < before[1]
+
+
+def test_the_memo_answers_a_question_again_for_the_rest_of_its_period() -> None:
+    """memo_steps = 8: an n-gram question asked again within a period of 8 steps gets the first answer, whatever
+    the estimates learned since; the next period asks the estimates again. Without a memo every call does."""
+    cost = Exact(lambda t: 0.010 if t <= 2 else 0.015)
+    memo, fresh = SpecPolicy(cost=cost, memo_steps=8, **GRAPHS), SpecPolicy(cost=cost, **GRAPHS)
+    for policy in (memo, fresh):
+        for _ in range(40):
+            policy.matches.observe(2, drafted=3, accepted=3, step=0)
+        assert policy.draft_limits(["a"], [3], matches=[2]) == [3]
+        for _ in range(400):  # matches of 2 now fail: not worth drafting
+            policy.matches.observe(2, drafted=3, accepted=0, step=0)
+    assert fresh.draft_limits(["a"], [3], matches=[2]) == [0]
+    assert memo.draft_limits(["a"], [3], matches=[2]) == [3]  # same period: the kept answer
+    assert memo.draft_limits(["b"], [3], matches=[9]) == memo.draft_limits(["b"], [3], matches=[MAX_MATCH])
+    memo.steps = 8  # the next period
+    assert memo.draft_limits(["a"], [3], matches=[2]) == [0]
+    assert memo.draft_limits(["a"], [3]) == [3]  # a request's own rate (worker-side drafts): never kept
+
+
+def test_a_decision_put_off_counts_against_the_plain_step() -> None:
+    """Drafting commits the next step to a decision; not drafting puts one off by decline_pause steps, so each of
+    those carries its share. A decision of 4 ms against a 10 ms plain step and a 15 ms verify: two drafts worth
+    ~0.74 tokens do not pay against the plain step alone (1.74 / 19 ms < 1.02 / 10 ms) but do against one that
+    carries half a decision (1.02 / 12 ms); after a long pause the share is too small to matter."""
+    policy = SpecPolicy(cost=Exact(lambda t: 0.010 if t <= 2 else 0.015), **GRAPHS)
+    policy.observe_drafting(1, 0.004)
+    for i in range(100):
+        policy.matches.observe(3, drafted=1, accepted=int(i < 60), step=0)
+        policy.matches.observe(4, drafted=1, accepted=int(i < 25), step=0)
+    assert sum(policy.matches.chain(3, 2, 0)) == pytest.approx(0.74, abs=0.01)
+    assert policy.draft_limits(["a"], [2], matches=[3]) == [0]
+    assert policy.draft_limits(["a"], [2], matches=[3], decline_pause=1) == [2]
+    assert policy.draft_limits(["a"], [2], matches=[3], decline_pause=20) == [0]
+
+
+def test_verifies_skipped_are_not_learned_from() -> None:
+    """The verifies of the gate's FULL windows (drafted without the policy) are read past, not taken for one
+    verify of the match the policy last noted."""
+    policy = SpecPolicy(cost=Exact(lambda t: 0.010 + 1e-7 * t))
+    request = decoding("r", [5, 6, 7, 8, 9, 5, 6, 7, 8])
+    drafts.propose_drafts(NgramProposer(3), [request], 3, 100, drafts.TokenArrays(), policy)
+    request.metrics.num_draft_tokens, request.metrics.num_accepted_tokens = 300, 10  # many verifies later
+    table = [list(row) for row in policy.matches._counts]
+    policy.skip_verifies([request])
+    policy.observe_requests([request])
+    assert [list(row)[:2] for row in policy.matches._counts] == [row[:2] for row in table]
+    request.metrics.num_draft_tokens, request.metrics.num_accepted_tokens = 303, 10  # and one of the policy's
+    policy.observe_requests([request])
+    assert policy.alpha("r") < policy.prior()  # read as one verify of the request's (no match noted)

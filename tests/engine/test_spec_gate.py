@@ -12,14 +12,14 @@ from tests.helpers.tiny_models import make_tiny_model
 
 def run(gate: SpecGate, windows: int, rate_of, rows: int = 1, rng: random.Random | None = None) -> str:  # noqa: ANN001
     """Feed `windows` windows of steps to the gate, each step emitting `rate_of(arm)` tokens a second (times a
-    random factor in [0.7, 1.3] with `rng`); 'S' / 'P' for each window's arm."""
+    random factor in [0.7, 1.3] with `rng`); 'S' / 'P' / 'F' for each window's arm."""
     arms = []
     for _ in range(windows):
-        arm = Arm.PLAIN if gate.plain else Arm.SPEC
-        arms.append("P" if gate.plain else "S")
+        arm = gate.arm
+        arms.append(arm.name[0])
         for _ in range(gate.window):
             noise = rng.uniform(0.7, 1.3) if rng else 1.0
-            gate.observe(rows, num_tokens=rows, seconds=rows / (rate_of(arm) * noise), plain=gate.plain)
+            gate.observe(rows, num_tokens=rows, seconds=rows / (rate_of(arm) * noise), arm=gate.arm)
     return "".join(arms)
 
 
@@ -40,12 +40,12 @@ def test_where_speculation_loses_it_runs_only_as_probes_costing_the_budget() -> 
     arms = run(gate, 80, lambda arm: 800.0 if arm is Arm.SPEC else 1000.0)
     assert arms.startswith("SPS") and runs_between(arms, "S") == [1, 22, MAX_GAP]
     state = gate.buckets[1]
-    assert state.leader is Arm.PLAIN and state.gap == MAX_GAP and (state.spec_windows, state.plain_windows) == (4, 76)
+    assert state.leader is Arm.PLAIN and state.gap == MAX_GAP and (state.first_windows, state.second_windows) == (4, 76)
     assert abs(state.advantage - math.log(0.8)) < 1e-9
-    assert abs(state.spec_rate - 800) < 1e-6 and abs(state.plain_rate - 1000) < 1e-6
+    assert abs(state.first_rate - 800) < 1e-6 and abs(state.second_rate - 1000) < 1e-6
 
 
-def test_where_speculation_wins_plain_windows_are_rare_probes() -> None:
+def test_where_speculation_wins_second_windows_are_rare_probes() -> None:
     gate = SpecGate()
     arms = run(gate, 80, lambda arm: 2000.0 if arm is Arm.SPEC else 1000.0)
     assert arms.startswith("SP" + "S" * MAX_GAP + "P") and arms.count("P") == 3
@@ -110,11 +110,11 @@ def test_buckets_learn_apart() -> None:
 def test_steps_decided_in_the_other_arm_and_compiling_steps_are_not_counted() -> None:
     """A window's first step had its drafts decided in the window before; a step that compiled is no sample."""
     gate = SpecGate()
-    gate.observe(1, 1, 100.0, plain=True)  # its drafts were decided in a plain window: not counted here
-    gate.observe(1, 1, 100.0, plain=False, countable=False)
+    gate.observe(1, 1, 100.0, arm=Arm.PLAIN)  # its drafts were decided in a plain window: not counted here
+    gate.observe(1, 1, 100.0, arm=Arm.SPEC, countable=False)
     for _ in range(WINDOW - 2):
-        gate.observe(1, 1, 0.001, plain=False)
-    assert abs(gate.buckets[1].spec_rate - 1000) < 1e-6 and gate.plain
+        gate.observe(1, 1, 0.001, arm=Arm.SPEC)
+    assert abs(gate.buckets[1].first_rate - 1000) < 1e-6 and gate.plain
 
 
 def test_a_stall_does_not_decide_the_lead() -> None:
@@ -124,8 +124,8 @@ def test_a_stall_does_not_decide_the_lead() -> None:
     gate = SpecGate()
     gate.window_log = []
     for i in range(WINDOW):
-        gate.observe(1, 1, 0.63 if i == 1 else 1 / 1300, plain=False)
-    assert gate.window_log[-1].counted == WINDOW - 1 and abs(gate.buckets[1].spec_rate - 1300) < 1e-6
+        gate.observe(1, 1, 0.63 if i == 1 else 1 / 1300, arm=Arm.SPEC)
+    assert gate.window_log[-1].counted == WINDOW - 1 and abs(gate.buckets[1].first_rate - 1300) < 1e-6
     arms = run(gate, 40, lambda arm: 1300.0 if arm is Arm.SPEC else 1000.0)
     assert arms.startswith("PS") and arms.count("P") <= 3 and gate.buckets[1].leader is Arm.SPEC, arms
 
@@ -133,13 +133,13 @@ def test_a_stall_does_not_decide_the_lead() -> None:
 def test_a_window_cut_short_by_the_batch_counts_only_if_half_ran() -> None:
     gate = SpecGate()
     for _ in range(WINDOW // 2 - 1):
-        gate.observe(1, 1, 0.001, plain=False)
-    gate.observe(2, 2, 0.001, plain=False)  # the batch grows: a window of 7 steps, not counted; bucket 2 starts
-    assert gate.buckets[1].spec_rate is None
+        gate.observe(1, 1, 0.001, arm=Arm.SPEC)
+    gate.observe(2, 2, 0.001, arm=Arm.SPEC)  # the batch grows: a window of 7 steps, not counted; bucket 2 starts
+    assert gate.buckets[1].first_rate is None
     for _ in range(WINDOW // 2 - 1):
-        gate.observe(2, 2, 0.001, plain=False)
-    gate.observe(1, 1, 0.001, plain=False)  # back to bucket 1: bucket 2's window had half its steps and counts
-    assert gate.buckets[2].spec_rate is not None and not gate.plain  # bucket 1 still speculates first
+        gate.observe(2, 2, 0.001, arm=Arm.SPEC)
+    gate.observe(1, 1, 0.001, arm=Arm.SPEC)  # back to bucket 1: bucket 2's window had half its steps and counts
+    assert gate.buckets[2].first_rate is not None and not gate.plain  # bucket 1 still speculates first
 
 
 def test_bucket_state_probe_schedule() -> None:
@@ -155,10 +155,10 @@ def test_bucket_state_probe_schedule() -> None:
     assert state.next_arm() is Arm.PLAIN
     state.record(Arm.PLAIN, 50.0, MAX_GAP)
     state.record(Arm.SPEC, 100.0, MAX_GAP)  # advantage 0.3 * log(2): spec 21 % ahead less the margin, gap 19
-    assert (state.leader, state.gap, state.spec_windows, state.plain_windows) == (Arm.SPEC, 19, 4, 2)
+    assert (state.leader, state.gap, state.first_windows, state.second_windows) == (Arm.SPEC, 19, 4, 2)
 
 
-def test_the_engine_runs_plain_windows_without_drafts_and_feeds_the_gate(tmp_path) -> None:
+def test_the_engine_runs_second_windows_without_drafts_and_feeds_the_gate(tmp_path) -> None:
     """An engine whose gate found plain faster at batch 1 (measured earlier: its state is preloaded) makes no
     decision and no draft there once its steps are seen: its steps are launched ahead as without speculation,
     greedy output unchanged. A fresh gate starts with speculation and measures both arms from the engine's own
@@ -171,7 +171,7 @@ def test_the_engine_runs_plain_windows_without_drafts_and_feeds_the_gate(tmp_pat
     llm = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64, speculative_config=spec)
     engine = llm.engine
     gate = engine.speculator.gate
-    gate.buckets[1] = BucketState(spec_rate=1.0, plain_rate=2.0, leader=Arm.PLAIN, gap=MAX_GAP)
+    gate.buckets[1] = BucketState(first_rate=1.0, second_rate=2.0, leader=Arm.PLAIN, gap=MAX_GAP)
     engine.step_log = []
     got = llm.generate(prompts, params, use_tqdm=False)
     assert got[0].outputs[0].token_ids == want[0].outputs[0].token_ids
@@ -185,7 +185,7 @@ def test_the_engine_runs_plain_windows_without_drafts_and_feeds_the_gate(tmp_pat
     got = llm.generate(prompts, params, use_tqdm=False)
     assert got[0].outputs[0].token_ids == want[0].outputs[0].token_ids
     state, stats = llm.engine.speculator.gate.buckets[1], llm.engine.get_stats().spec
-    assert state.spec_rate > 0 and state.plain_rate > 0 and stats.num_drafts > 0 and stats.plain_steps >= WINDOW - 1
+    assert state.first_rate > 0 and state.second_rate > 0 and stats.num_drafts > 0 and stats.plain_steps >= WINDOW - 1
     llm.engine.check_integrity()
 
 
@@ -201,7 +201,7 @@ def test_the_window_log_keeps_every_window_that_ended() -> None:
     gate.window_log = []
     run(gate, 3, lambda arm: 800.0 if arm is Arm.SPEC else 1000.0)
     for _ in range(3):
-        gate.observe(2, 2, 0.001, plain=gate.plain)  # bucket 2: cuts the fourth window after 0 steps
+        gate.observe(2, 2, 0.001, arm=gate.arm)  # bucket 2: cuts the fourth window after 0 steps
     log = gate.window_log
     assert [(w.bucket, w.arm, w.steps, w.recorded) for w in log] == [
         (1, Arm.SPEC, WINDOW, True), (1, Arm.PLAIN, WINDOW, True), (1, Arm.SPEC, WINDOW, True),
@@ -230,3 +230,50 @@ def test_without_drafts_the_engine_steps_as_without_speculation(tmp_path) -> Non
     off, spec = steps
     # the same steps; the second was decided at the first (the gate had seen no step yet), not launched ahead
     assert spec[2:] == off[2:] and spec[1][1:] == off[1][1:] and len(off) > 10
+
+
+def test_speculating_windows_draft_without_the_policy_where_that_is_faster() -> None:
+    """full=True: the speculating windows choose between the policy (S) and drafts without it (F) as speculation
+    and plain are chosen. Drafting without the policy 20 % faster: plain is probed first (window 2), then drafts
+    without the policy (window 3), which lead from the policy's next window on; the policy is probed rarely, plain
+    more rarely still (both as the budget allows)."""
+    gate = SpecGate(full=True)
+    arms = run(gate, 120, {Arm.FULL: 1200.0, Arm.SPEC: 1000.0, Arm.PLAIN: 600.0}.get)
+    assert arms.startswith("SPFSFFF") and arms[4:].count("F") >= 100 and "S" in arms[40:] and arms.count("P") <= 4
+    assert gate.buckets[1].leader is Arm.SPEC and gate.modes[1].leader is Arm.FULL
+    assert abs(gate.modes[1].advantage - math.log(1.2)) < 0.05
+
+
+def test_drafts_without_the_policy_that_lose_are_only_probed() -> None:
+    """... and where they lose, they are probed as rarely as the budget allows; a probe of theirs is not taken for
+    speculation's rate, so the policy, faster than plain, keeps the lead."""
+    gate = SpecGate(full=True)
+    arms = run(gate, 120, {Arm.FULL: 700.0, Arm.SPEC: 1000.0, Arm.PLAIN: 900.0}.get)
+    assert arms.startswith("SPFSSSS") and arms.count("F") <= 4 and arms.count("P") <= 6, arms
+    assert gate.buckets[1].leader is Arm.SPEC and gate.modes[1].leader is Arm.SPEC
+
+
+def test_the_engine_drafts_without_its_policy_in_full_windows(tmp_path) -> None:
+    """An engine whose gate found drafting without the policy faster at batch 1 (its state preloaded) drafts at
+    every match, k fixed's way, in those windows: greedy output unchanged, full steps counted, and the policy
+    neither decides there nor learns from their verifies (its match table is unchanged)."""
+    model = make_tiny_model("llama", tmp_path / "m", vocab_size=320)
+    params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+    prompts = [{"prompt_token_ids": [5, 6, 7, 5, 6, 7, 5, 6]}]
+    want = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64).generate(prompts, params, use_tqdm=False)
+    llm = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    engine = llm.engine
+    gate, policy = engine.speculator.gate, engine.speculator.policy
+    gate.buckets[1] = BucketState(leader=Arm.SPEC, gap=MAX_GAP)
+    gate.modes[1] = BucketState(Arm.FULL, Arm.SPEC, leader=Arm.FULL, gap=MAX_GAP)
+    table = [list(row) for row in policy.matches._counts]
+    engine.step_log = []
+    got = llm.generate(prompts, params, use_tqdm=False)
+    assert got[0].outputs[0].token_ids == want[0].outputs[0].token_ids
+    stats, kinds = engine.get_stats().spec, [step.kind for step in engine.step_log]
+    # before the gate has seen a step of batch 1, at most the prompt's step is decided by the policy
+    assert stats.full_steps >= len(kinds) - 2 and stats.policy_steps <= 1 and stats.num_drafts >= 10
+    assert "decode ahead" not in kinds  # every step decided (after the one before it), as with k fixed
+    assert [list(row) for row in policy.matches._counts] == table
+    engine.check_integrity()

@@ -426,3 +426,18 @@ def test_scalar_path_chooses_as_the_numpy_path(graphs: bool) -> None:
         drafting += any(slow)
         assert policy.alphas(ids).tolist() == pytest.approx([policy.alpha(r) for r in ids], rel=1e-12)
     assert differ == 0 and drafting > 50  # and the cases are not all "no drafts"
+
+
+def test_the_curve_is_fitted_again_every_refit_every_steps() -> None:
+    """refit_every = 4: the first fit follows the first step; steps after it change the curve only once four of
+    them are in (a scalar answer is kept until then); refit_every = 1 fits after each."""
+    lazy, eager = StepCostModel(refit_every=4), StepCostModel()
+    for model in (lazy, eager):
+        model.seed([(1, 0.010)])
+        assert model.cost(1) == pytest.approx(0.010)
+        for _ in range(3):
+            model.observe(1, 0.020)
+    assert eager.cost(1) == pytest.approx(0.020)  # the median of 3 x 10 ms, 3 x 20 ms
+    assert lazy.cost(1) == pytest.approx(0.010)  # three steps since the fit: not yet
+    lazy.observe(1, 0.020)
+    assert lazy.cost(1) == pytest.approx(0.020)

@@ -72,6 +72,19 @@ def test_decisions_that_often_find_drafts_pause_briefly() -> None:
     assert verdict_pattern([Verdict.NOTHING_FOUND] * 4, 0.15, Rest(hit_rate=0.0)) == "d.d..d....d"
 
 
+def test_the_pause_a_decision_would_start_is_the_one_it_starts() -> None:
+    """if_nothing_drafted (what the policy weighs: SpecPolicy.draft_limits's decline_pause) tells the pause that a
+    decision finding nothing starts, at every point of a run of such decisions."""
+    for share, hit_rate in ((0.15, 0.75), (0.15, 0.0), (0.6, 0.2), (0.01, 0.9)):
+        rest = Rest(hit_rate=hit_rate)
+        for _ in range(8):
+            said = rest.if_nothing_drafted(share)
+            rest.decided(Verdict.NOTHING_FOUND, share)
+            assert rest.left == said
+            while rest.resting():
+                pass
+
+
 def test_an_engine_whose_drafts_do_not_pay_rarely_decides(tmp_path) -> None:
     """Drafts that are rarely found and rarely accepted (1 of ~18 here): after a step without drafts worth making
     the policy pauses its decisions (1 or 2 steps after a step without a match worth drafting, up to MAX_REST
