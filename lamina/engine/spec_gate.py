@@ -35,7 +35,7 @@ The speculating windows have two modes, chosen the same way by a second pair of 
     SPEC    the policy decides each step's drafts (above)
     FULL    no policy: every request that may draft gets up to k drafts, at every step (as `adaptive: false`)
 
-SPEC leads first and in doubt: FULL needs the same margin over it to lead. A speculating window counts for
+SPEC leads first and in doubt: FULL needs FULL_MARGIN (5 %) over it to lead. A speculating window counts for
 speculation's rate only in the mode that leads, so that a probe of the other mode is not taken for it. Why FULL:
 the policy's bookkeeping and decisions cost host time every step, ~20-35 us of a 0.25-0.5 ms batch-1 step on an
 H100's host, and there a verify step costs little more than a plain one, so drafting at every match pays: k fixed
@@ -53,6 +53,10 @@ WINDOW = 16  # steps a window (a batch-1 step of the demo model is ~0.3-0.5 ms o
 MAX_GAP = 32  # windows of the leader between two probes, at most
 RATE_DECAY = 0.7  # EMAs (the advantage, each arm's rate): this much of the old value, the rest the new sample
 SPEC_MARGIN = 0.02  # speculation leads only while faster than plain by this much: in doubt, the plain engine
+# drafting without the policy (FULL) leads the policy only while faster by this much: a fixed batch's requests that
+# draft finish first and leave a tail of slower steps that a window's rate does not charge, and FULL drafts the
+# most (at 128 rows, H100, it once led on a 3 % edge and ran the batch at 0.90x of off, k fixed's ~0.8x regime)
+FULL_MARGIN = 0.05
 EXPLORE_BUDGET = 0.01  # probes of the slower arm cost at most this share of the throughput (up to MAX_GAP)
 STALL_FACTOR = 50  # a counted step slower than this many times its window's median step is left out of the rate
 
@@ -75,7 +79,8 @@ class BucketState:
     schedule, and each arm's rate (an EMA of its windows, tokens/s: for reading; decisions use the pairs)."""
 
     first: Arm = Arm.SPEC
-    second: Arm = Arm.PLAIN  # leads in doubt: `first` must be faster by SPEC_MARGIN
+    second: Arm = Arm.PLAIN  # leads in doubt: `first` must be faster by `margin`
+    margin: float = SPEC_MARGIN
     advantage: float | None = None  # EMA of log(first rate / second rate) over probes, each against its neighbours
     leader: Arm | None = None  # None: `first`
     gap: int = 1  # leader windows between probes
@@ -118,9 +123,9 @@ class BucketState:
         return {key: value.value if isinstance(value, Arm) else value for key, value in state.items()}
 
     def _choose(self, max_gap: int) -> bool:
-        """`first` leads while its advantage beats SPEC_MARGIN; the next probe comes after max(2 gap,
+        """`first` leads while its advantage beats the margin; the next probe comes after max(2 gap,
         loss / EXPLORE_BUDGET) windows (loss / EXPLORE_BUDGET after a change of lead). Whether the lead changed."""
-        ratio = math.exp(self.advantage) / (1 + SPEC_MARGIN)  # first over second, the margin taken off
+        ratio = math.exp(self.advantage) / (1 + self.margin)  # first over second, the margin taken off
         faster = self.first if ratio > 1 else self.second
         loss = 1 - min(ratio, 1 / ratio)
         changed = faster is not self.leader
@@ -204,7 +209,8 @@ class SpecGate:
         self._bucket, self._steps, self._counted = bucket, 0, []
         self._arm = self.buckets.setdefault(bucket, BucketState()).next_arm()
         if self._arm is Arm.SPEC and self.full_arm:
-            self._arm = self.modes.setdefault(bucket, BucketState(Arm.FULL, Arm.SPEC, leader=Arm.SPEC)).next_arm()
+            mode = self.modes.setdefault(bucket, BucketState(Arm.FULL, Arm.SPEC, FULL_MARGIN, leader=Arm.SPEC))
+            self._arm = mode.next_arm()
 
     def _end_window(self, complete: bool) -> None:
         if self._bucket is None:
@@ -217,7 +223,6 @@ class SpecGate:
         if self.window_log is not None:
             self.window_log.append(WindowRecord(self._bucket, self._arm, self._steps, len(counted), tokens, seconds,
                                                 recorded))
-
 
     def _record(self, rate: float) -> None:
         """A window's rate to its bucket's states: speculation against plain (a speculating window only in the

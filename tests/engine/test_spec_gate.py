@@ -6,7 +6,8 @@ import random
 
 from lamina import LLM, SamplingParams
 from lamina.bench.concurrency import steady_throughput
-from lamina.engine.spec_gate import MAX_GAP, SPEC_MARGIN, WINDOW, Arm, BucketState, SpecGate, batch_bucket
+from lamina.engine.spec_gate import (FULL_MARGIN, MAX_GAP, SPEC_MARGIN, WINDOW, Arm, BucketState, SpecGate,
+                                     batch_bucket)
 from tests.helpers.tiny_models import make_tiny_model
 
 
@@ -45,7 +46,7 @@ def test_where_speculation_loses_it_runs_only_as_probes_costing_the_budget() -> 
     assert abs(state.first_rate - 800) < 1e-6 and abs(state.second_rate - 1000) < 1e-6
 
 
-def test_where_speculation_wins_second_windows_are_rare_probes() -> None:
+def test_where_speculation_wins_plain_windows_are_rare_probes() -> None:
     gate = SpecGate()
     arms = run(gate, 80, lambda arm: 2000.0 if arm is Arm.SPEC else 1000.0)
     assert arms.startswith("SP" + "S" * MAX_GAP + "P") and arms.count("P") == 3
@@ -158,7 +159,7 @@ def test_bucket_state_probe_schedule() -> None:
     assert (state.leader, state.gap, state.first_windows, state.second_windows) == (Arm.SPEC, 19, 4, 2)
 
 
-def test_the_engine_runs_second_windows_without_drafts_and_feeds_the_gate(tmp_path) -> None:
+def test_the_engine_runs_plain_windows_without_drafts_and_feeds_the_gate(tmp_path) -> None:
     """An engine whose gate found plain faster at batch 1 (measured earlier: its state is preloaded) makes no
     decision and no draft there once its steps are seen: its steps are launched ahead as without speculation,
     greedy output unchanged. A fresh gate starts with speculation and measures both arms from the engine's own
@@ -253,6 +254,15 @@ def test_drafts_without_the_policy_that_lose_are_only_probed() -> None:
     assert gate.buckets[1].leader is Arm.SPEC and gate.modes[1].leader is Arm.SPEC
 
 
+def test_drafts_without_the_policy_need_a_wider_edge() -> None:
+    """FULL 4 % faster than the policy: under FULL_MARGIN, the policy keeps the lead (FULL's windows run ahead of a
+    fixed batch's tail, which their rate does not charge); speculation against plain still needs SPEC_MARGIN only."""
+    gate = SpecGate(full=True)
+    run(gate, 120, {Arm.FULL: 1040.0, Arm.SPEC: 1000.0, Arm.PLAIN: 900.0}.get)
+    assert gate.modes[1].leader is Arm.SPEC and gate.buckets[1].leader is Arm.SPEC
+    assert abs(gate.modes[1].advantage - math.log(1.04)) < 1e-6 and FULL_MARGIN > 0.04 > SPEC_MARGIN
+
+
 def test_the_engine_drafts_without_its_policy_in_full_windows(tmp_path) -> None:
     """An engine whose gate found drafting without the policy faster at batch 1 (its state preloaded) drafts at
     every match, k fixed's way, in those windows: greedy output unchanged, full steps counted, and the policy
@@ -266,7 +276,7 @@ def test_the_engine_drafts_without_its_policy_in_full_windows(tmp_path) -> None:
     engine = llm.engine
     gate, policy = engine.speculator.gate, engine.speculator.policy
     gate.buckets[1] = BucketState(leader=Arm.SPEC, gap=MAX_GAP)
-    gate.modes[1] = BucketState(Arm.FULL, Arm.SPEC, leader=Arm.FULL, gap=MAX_GAP)
+    gate.modes[1] = BucketState(Arm.FULL, Arm.SPEC, FULL_MARGIN, leader=Arm.FULL, gap=MAX_GAP)
     table = [list(row) for row in policy.matches._counts]
     engine.step_log = []
     got = llm.generate(prompts, params, use_tqdm=False)
