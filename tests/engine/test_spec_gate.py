@@ -8,6 +8,7 @@ from lamina import LLM, SamplingParams
 from lamina.bench.concurrency import steady_throughput
 from lamina.engine.spec_gate import (FULL_MARGIN, MAX_GAP, SPEC_MARGIN, WINDOW, Arm, BucketState, SpecGate,
                                      batch_bucket)
+from tests.helpers.spec_cases import NGRAM_K3, REPEATING, greedy_reference, tiny_llm
 from tests.helpers.tiny_models import make_tiny_model
 
 
@@ -164,17 +165,13 @@ def test_the_engine_runs_plain_windows_without_drafts_and_feeds_the_gate(tmp_pat
     decision and no draft there once its steps are seen: its steps are launched ahead as without speculation,
     greedy output unchanged. A fresh gate starts with speculation and measures both arms from the engine's own
     steps."""
-    model = make_tiny_model("llama", tmp_path / "m", vocab_size=320)
-    params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
-    prompts = [{"prompt_token_ids": [5, 6, 7, 5, 6, 7, 5, 6]}]
-    want = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64).generate(prompts, params, use_tqdm=False)
-    spec = {"method": "ngram", "num_speculative_tokens": 3}
-    llm = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64, speculative_config=spec)
+    model, params, want = greedy_reference(tmp_path, max_tokens=100)
+    llm = tiny_llm(model, speculative_config=NGRAM_K3)
     engine = llm.engine
     gate = engine.speculator.gate
     gate.buckets[1] = BucketState(first_rate=1.0, second_rate=2.0, leader=Arm.PLAIN, gap=MAX_GAP)
     engine.step_log = []
-    got = llm.generate(prompts, params, use_tqdm=False)
+    got = llm.generate(REPEATING, params, use_tqdm=False)
     assert got[0].outputs[0].token_ids == want[0].outputs[0].token_ids
     stats, kinds = engine.get_stats().spec, [step.kind for step in engine.step_log]
     # one decision at most: after the prompt's step, before the gate has seen a step of batch 1
@@ -182,8 +179,8 @@ def test_the_engine_runs_plain_windows_without_drafts_and_feeds_the_gate(tmp_pat
     assert kinds.count("decode ahead") >= 0.9 * (len(kinds) - 2) and stats.plain_steps >= len(kinds) - 2
     engine.check_integrity()
 
-    llm = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64, speculative_config=spec)
-    got = llm.generate(prompts, params, use_tqdm=False)
+    llm = tiny_llm(model, speculative_config=NGRAM_K3)
+    got = llm.generate(REPEATING, params, use_tqdm=False)
     assert got[0].outputs[0].token_ids == want[0].outputs[0].token_ids
     state, stats = llm.engine.speculator.gate.buckets[1], llm.engine.get_stats().spec
     assert state.first_rate > 0 and state.second_rate > 0 and stats.num_drafts > 0 and stats.plain_steps >= WINDOW - 1
@@ -267,19 +264,15 @@ def test_the_engine_drafts_without_its_policy_in_full_windows(tmp_path) -> None:
     """An engine whose gate found drafting without the policy faster at batch 1 (its state preloaded) drafts at
     every match, k fixed's way, in those windows: greedy output unchanged, full steps counted, and the policy
     neither decides there nor learns from their verifies (its match table is unchanged)."""
-    model = make_tiny_model("llama", tmp_path / "m", vocab_size=320)
-    params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
-    prompts = [{"prompt_token_ids": [5, 6, 7, 5, 6, 7, 5, 6]}]
-    want = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64).generate(prompts, params, use_tqdm=False)
-    llm = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64,
-              speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    model, params, want = greedy_reference(tmp_path, max_tokens=100)
+    llm = tiny_llm(model, speculative_config=NGRAM_K3)
     engine = llm.engine
     gate, policy = engine.speculator.gate, engine.speculator.policy
     gate.buckets[1] = BucketState(leader=Arm.SPEC, gap=MAX_GAP)
     gate.modes[1] = BucketState(Arm.FULL, Arm.SPEC, FULL_MARGIN, leader=Arm.FULL, gap=MAX_GAP)
     table = [list(row) for row in policy.matches._counts]
     engine.step_log = []
-    got = llm.generate(prompts, params, use_tqdm=False)
+    got = llm.generate(REPEATING, params, use_tqdm=False)
     assert got[0].outputs[0].token_ids == want[0].outputs[0].token_ids
     stats, kinds = engine.get_stats().spec, [step.kind for step in engine.step_log]
     # before the gate has seen a step of batch 1, at most the prompt's step is decided by the policy

@@ -7,6 +7,7 @@ from lamina import LLM, SamplingParams
 from lamina.engine.drafts import Verdict
 from lamina.engine.spec_gate import MAX_GAP, Arm, BucketState
 from lamina.engine.speculator import DECISION_BUDGET, MATCH_MAX_REST, MAX_REST, Rest
+from tests.helpers.spec_cases import NGRAM_K3, REPEATING, greedy_reference, tiny_llm
 from tests.helpers.tiny_models import make_tiny_model
 
 
@@ -90,13 +91,9 @@ def test_an_engine_whose_drafts_do_not_pay_rarely_decides(tmp_path) -> None:
     the policy pauses its decisions (1 or 2 steps after a step without a match worth drafting, up to MAX_REST
     where drafts cannot pay), so it decides on about half the steps (57 of 117 measured), where a policy without
     pauses decides on every step. Greedy output is unchanged."""
-    model = make_tiny_model("llama", tmp_path / "m", vocab_size=320)
-    params = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
-    prompts = [{"prompt_token_ids": [5, 6, 7, 5, 6, 7, 5, 6]}]
-    want = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64).generate(prompts, params, use_tqdm=False)
-    llm = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64,
-              speculative_config={"method": "ngram", "num_speculative_tokens": 3})
-    got = llm.generate(prompts, params, use_tqdm=False)
+    model, params, want = greedy_reference(tmp_path, max_tokens=120)
+    llm = tiny_llm(model, speculative_config=NGRAM_K3)
+    got = llm.generate(REPEATING, params, use_tqdm=False)
     assert got[0].outputs[0].token_ids == want[0].outputs[0].token_ids
     stats = llm.engine.get_stats()
     assert stats.spec.num_drafts > 0 and stats.spec.policy_steps < 0.75 * stats.num_steps
