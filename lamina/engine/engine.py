@@ -179,7 +179,8 @@ class LLMEngine:
         if guessed and not self._guesses_held(self._inflight.scheduled):
             self._inflight, guessed = None, False  # every guess failed: the next step follows the tokens read
         if self.speculator is not None:
-            self.speculator.after_tokens(scheduled, result, self.scheduler.running, next_guessed=guessed)
+            self.speculator.after_tokens(scheduled, result, self.scheduler.running, next_guessed=guessed,
+                                         next_launched=self._inflight is not None)
             if self.config.async_scheduling and self._inflight is None and self.speculator.has_drafts:
                 # the next step's drafts are known: launch it now, its device work under this step's outputs.
                 # Without drafts the next step waits for the outputs, as without speculation: the caller may

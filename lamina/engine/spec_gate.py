@@ -35,12 +35,13 @@ The speculating windows have two modes, chosen the same way by a second pair of 
     SPEC    the policy decides each step's drafts (above)
     FULL    no policy: every request that may draft gets up to k drafts, at every step (as `adaptive: false`)
 
-SPEC leads first and in doubt: FULL needs FULL_MARGIN (5 %) over it to lead. A speculating window counts for
-speculation's rate only in the mode that leads, so that a probe of the other mode is not taken for it. Why FULL:
-the policy's bookkeeping and decisions cost host time every step, ~20-35 us of a 0.25-0.5 ms batch-1 step on an
-H100's host, and there a verify step costs little more than a plain one, so drafting at every match pays: k fixed
-ran 15-25 % faster than the policy at batch 1 (docs/BENCHMARKS.md, thirty-fifth session). At 128-256 rows drafts
-without the policy lose (k fixed 0.77x there) and are only probed.
+SPEC leads first and in doubt: FULL needs FULL_MARGIN (5 %) over it to lead where a bucket holds several rows,
+SPEC_MARGIN (2 %) at one row (`full_margin`: one row's window rate is all its request's speed, no tail to charge).
+A speculating window counts for speculation's rate only in the mode that leads, so that a probe of the other mode
+is not taken for it. Why FULL: the policy's bookkeeping and decisions cost host time every step, ~20-35 us of a
+0.25-0.5 ms batch-1 step on an H100's host, and there a verify step costs little more than a plain one, so drafting
+at every match pays: k fixed ran 15-25 % faster than the policy at batch 1 (docs/BENCHMARKS.md, thirty-fifth
+session). At 128-256 rows drafts without the policy lose (k fixed 0.77x there) and are only probed.
 """
 from __future__ import annotations
 
@@ -53,9 +54,10 @@ WINDOW = 16  # steps a window (a batch-1 step of the demo model is ~0.3-0.5 ms o
 MAX_GAP = 32  # windows of the leader between two probes, at most
 RATE_DECAY = 0.7  # EMAs (the advantage, each arm's rate): this much of the old value, the rest the new sample
 SPEC_MARGIN = 0.02  # speculation leads only while faster than plain by this much: in doubt, the plain engine
-# drafting without the policy (FULL) leads the policy only while faster by this much: a fixed batch's requests that
-# draft finish first and leave a tail of slower steps that a window's rate does not charge, and FULL drafts the
-# most (at 128 rows, H100, it once led on a 3 % edge and ran the batch at 0.90x of off, k fixed's ~0.8x regime)
+# drafting without the policy (FULL) leads the policy only while faster by this much where a bucket holds several
+# rows: a fixed batch's requests that draft finish first and leave a tail of slower steps that a window's rate does
+# not charge, and FULL drafts the most (at 128 rows, H100, it once led on a 3 % edge and ran the batch at 0.90x of
+# off, k fixed's ~0.8x regime). One row has no tail: there FULL needs SPEC_MARGIN only (full_margin)
 FULL_MARGIN = 0.05
 EXPLORE_BUDGET = 0.01  # probes of the slower arm cost at most this share of the throughput (up to MAX_GAP)
 STALL_FACTOR = 50  # a counted step slower than this many times its window's median step is left out of the rate
@@ -65,6 +67,11 @@ class Arm(Enum):
     SPEC = "spec"  # the policy decides the drafts
     FULL = "full"  # every request that may draft gets up to k (no policy)
     PLAIN = "plain"  # no drafts, no decisions
+
+
+def full_margin(bucket: int) -> float:
+    """The edge FULL needs over the policy to lead in `bucket`: FULL_MARGIN, SPEC_MARGIN at one row."""
+    return SPEC_MARGIN if bucket == 1 else FULL_MARGIN
 
 
 def batch_bucket(num_rows: int) -> int:
@@ -209,7 +216,8 @@ class SpecGate:
         self._bucket, self._steps, self._counted = bucket, 0, []
         self._arm = self.buckets.setdefault(bucket, BucketState()).next_arm()
         if self._arm is Arm.SPEC and self.full_arm:
-            mode = self.modes.setdefault(bucket, BucketState(Arm.FULL, Arm.SPEC, FULL_MARGIN, leader=Arm.SPEC))
+            mode = self.modes.setdefault(bucket, BucketState(Arm.FULL, Arm.SPEC, full_margin(bucket),
+                                                                    leader=Arm.SPEC))
             self._arm = mode.next_arm()
 
     def _end_window(self, complete: bool) -> None:

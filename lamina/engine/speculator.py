@@ -17,7 +17,18 @@
 
 With the adaptive policy, no decision is made (and the next step may be launched ahead) during a pause of the
 policy's (Rest) or a plain window of the gate's (SpecGate: speculation on or off by measured throughput); in the
-gate's FULL windows the policy is left out and every request that may draft gets up to k, as without it.
+gate's FULL windows the policy is left out and every request that may draft gets up to k, as without it, and
+n-gram launches a step ahead whenever the tokens read so far hold no match (a look ahead, below).
+
+    FULL window, n-gram, batch 1 (x_t: the token step t samples; "look": a proposal from the tokens read so far)
+    step t    read x_t: a match?    no  -> step t+1 plain, and step t+2 launched ahead of x_{t+1}
+    step t+1  read x_{t+1}: a look  no  -> step t+3 launched ahead of x_{t+2}, and so on
+                                    yes -> step t+3 waits for x_{t+2}, then drafts from it (a match seen a token
+                                           early is most often still one a token later)
+
+A look's drafts would follow a token not yet read, so none is kept: it only says whether the next step waits. The
+step after a miss costs what off's does (launched ahead) where it cost a synchronous step (~0.1 ms more on an H100's
+host), and a match that begins with the token in flight is drafted a step late.
 """
 from __future__ import annotations
 
@@ -159,6 +170,7 @@ class Speculator:
         self._step_arm = self._next_arm = Arm.SPEC  # the gate's arm this step's / the next's drafts were decided in
         self._policy_skipped = False  # whether steps ran since the policy last read the requests (FULL windows)
         self.has_drafts = False  # whether after_tokens left drafts for the next step (the engine launches it early)
+        self._matching = True  # FULL, n-gram: whether the last proposal or look found a match (the next step waits)
         self._compiled = False  # whether the step compiled a kernel (no sample of its speed)
 
     @property
@@ -167,10 +179,17 @@ class Speculator:
         return 0 if self.proposer is not None else self.k
 
     def wants_sync(self) -> bool:
-        """Whether the next step must wait for this one's tokens (no step launched ahead): always without the
-        policy (k fixed, or the gate's FULL window), and with it whenever a decision is due (not during a pause
+        """Whether the next step must wait for this one's tokens (no step launched ahead): without the policy
+        always (k fixed; a worker-side proposer's FULL window) or while the tokens read so far hold a match
+        (n-gram's FULL window: the module docstring), and with it whenever a decision is due (not during a pause
         or a plain window)."""
-        return self._deciding() is None or not (self._rest.left or self._plain())
+        if self._deciding() is None:
+            return self._matching or not self._looks_ahead()
+        return not (self._rest.left or self._plain())
+
+    def _looks_ahead(self) -> bool:
+        """Whether steps launch ahead while no match is in sight: n-gram in the gate's FULL windows."""
+        return self.proposer is not None and self.gate is not None and self.gate.full
 
     def _plain(self) -> bool:
         return self.gate is not None and self.gate.plain
@@ -223,10 +242,11 @@ class Speculator:
                 rate.observe(ok)
 
     def after_tokens(self, scheduled: SchedulerOutput, result: ModelRunnerOutput, running: list[Request],
-                     next_guessed: bool = False) -> None:
+                     next_guessed: bool = False, next_launched: bool = False) -> None:
         """Set the drafts of the next step (request.spec_token_ids) once this step's tokens are known (before its
         outputs are processed: the engine may launch the next step first). `next_guessed`: the next step was
-        launched on a guess that held (the module docstring): nothing is decided now."""
+        launched on a guess that held (the module docstring): nothing is decided now. `next_launched`: the next
+        step was launched ahead of these tokens (n-gram's FULL window then only looks for a match)."""
         self._observe_next = self.has_drafts = False
         self._emitted = sum(map(len, result.sampled_token_ids.values()))
         self._compiled = bool(result.num_compiles)
@@ -246,6 +266,10 @@ class Speculator:
         self._observe_next = policy is not None and not result.num_compiles  # a compiling step is no sample
         self._resync(policy, running)
         start = time.perf_counter()
+        if next_launched and policy is None and self._looks_ahead():
+            self._matching = self._match_in_sight(running)
+            self.stats.draft_seconds += time.perf_counter() - start
+            return
         if self.proposer is not None:
             pause = self._rest.if_nothing_drafted(self._decision_share) if policy is not None else None
             verdict = propose_drafts(self.proposer, running, self.k, self.max_model_len, self._arrays, policy,
@@ -261,7 +285,16 @@ class Speculator:
             policy.tick()  # a SPEC step without drafts: the estimates age (spec_policy.py: Exploration)
         # drafts are set above only (else they were settled after the last verify step): no O(rows) scan otherwise
         self.has_drafts = (self.proposer is not None or worker_drafts) and any(r.spec_token_ids for r in running)
+        self._matching = self.has_drafts
         self.stats.draft_seconds += time.perf_counter() - start
+
+    def _match_in_sight(self, running: list[Request]) -> bool:
+        """Whether any request that may draft has a match in the tokens read so far (a look: its drafts would
+        follow the token the step in flight samples, so none is kept; the requests' drafts stay as they are)."""
+        caps = [max_drafts(r, self.k, self.max_model_len, ahead=1) for r in running]
+        asking = [r for r, cap in zip(running, caps) if cap]
+        self._arrays.keep_only({r.request_id for r in running})
+        return any(self.proposer.propose([self._arrays.of(r) for r in asking], [1] * len(asking)))
 
     def after_step(self, scheduled: SchedulerOutput, step_seconds: float) -> None:
         """The step's wall time, once its outputs are processed: the verify time, the policy's cost model, and

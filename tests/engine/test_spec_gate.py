@@ -7,7 +7,8 @@ import random
 from lamina import LLM, SamplingParams
 from lamina.bench.concurrency import steady_throughput
 from lamina.engine.spec_gate import (FULL_MARGIN, MAX_GAP, SPEC_MARGIN, WINDOW, Arm, BucketState, SpecGate,
-                                     batch_bucket)
+                                     batch_bucket, full_margin)
+from lamina.spec.ngram import NgramProposer
 from tests.helpers.spec_cases import NGRAM_K3, REPEATING, greedy_reference, tiny_llm
 from tests.helpers.tiny_models import make_tiny_model
 
@@ -251,32 +252,72 @@ def test_drafts_without_the_policy_that_lose_are_only_probed() -> None:
     assert gate.buckets[1].leader is Arm.SPEC and gate.modes[1].leader is Arm.SPEC
 
 
-def test_drafts_without_the_policy_need_a_wider_edge() -> None:
-    """FULL 4 % faster than the policy: under FULL_MARGIN, the policy keeps the lead (FULL's windows run ahead of a
-    fixed batch's tail, which their rate does not charge); speculation against plain still needs SPEC_MARGIN only."""
-    gate = SpecGate(full=True)
-    run(gate, 120, {Arm.FULL: 1040.0, Arm.SPEC: 1000.0, Arm.PLAIN: 900.0}.get)
-    assert gate.modes[1].leader is Arm.SPEC and gate.buckets[1].leader is Arm.SPEC
-    assert abs(gate.modes[1].advantage - math.log(1.04)) < 1e-6 and FULL_MARGIN > 0.04 > SPEC_MARGIN
+def test_drafts_without_the_policy_need_a_wider_edge_where_a_bucket_holds_several_rows() -> None:
+    """FULL 4 % faster than the policy: at 8 rows, under FULL_MARGIN, the policy keeps the lead (FULL's windows run
+    ahead of a fixed batch's tail, which their rate does not charge); at one row, where there is no tail, FULL leads
+    past SPEC_MARGIN. Speculation against plain needs SPEC_MARGIN only."""
+    rates = {Arm.FULL: 1040.0, Arm.SPEC: 1000.0, Arm.PLAIN: 900.0}.get
+    several, one = SpecGate(full=True), SpecGate(full=True)
+    run(several, 120, rates, rows=8)
+    run(one, 120, rates, rows=1)
+    assert several.modes[8].leader is Arm.SPEC and several.buckets[8].leader is Arm.SPEC
+    assert one.modes[1].leader is Arm.FULL and one.buckets[1].leader is Arm.SPEC
+    assert abs(several.modes[8].advantage - math.log(1.04)) < 1e-6 and FULL_MARGIN > 0.04 > SPEC_MARGIN
+    assert full_margin(1) == SPEC_MARGIN and full_margin(2) == full_margin(256) == FULL_MARGIN
+
+
+def full_window_engine(tmp_path) -> tuple[LLM, SamplingParams, list]:  # noqa: ANN001
+    """An n-gram engine (k = 3) whose gate found drafting without the policy faster at batch 1 (its state
+    preloaded), the greedy parameters, and the output without speculation."""
+    model, params, want = greedy_reference(tmp_path, max_tokens=100)
+    llm = tiny_llm(model, speculative_config=NGRAM_K3)
+    gate = llm.engine.speculator.gate
+    gate.buckets[1] = BucketState(leader=Arm.SPEC, gap=MAX_GAP)
+    gate.modes[1] = BucketState(Arm.FULL, Arm.SPEC, FULL_MARGIN, leader=Arm.FULL, gap=MAX_GAP)
+    llm.engine.step_log = []
+    return llm, params, want
 
 
 def test_the_engine_drafts_without_its_policy_in_full_windows(tmp_path) -> None:
-    """An engine whose gate found drafting without the policy faster at batch 1 (its state preloaded) drafts at
-    every match, k fixed's way, in those windows: greedy output unchanged, full steps counted, and the policy
-    neither decides there nor learns from their verifies (its match table is unchanged)."""
-    model, params, want = greedy_reference(tmp_path, max_tokens=100)
-    llm = tiny_llm(model, speculative_config=NGRAM_K3)
-    engine = llm.engine
-    gate, policy = engine.speculator.gate, engine.speculator.policy
-    gate.buckets[1] = BucketState(leader=Arm.SPEC, gap=MAX_GAP)
-    gate.modes[1] = BucketState(Arm.FULL, Arm.SPEC, FULL_MARGIN, leader=Arm.FULL, gap=MAX_GAP)
+    """In FULL windows the engine drafts at every match it sees, k fixed's way: greedy output unchanged, full
+    steps counted, and the policy neither decides there nor learns from their verifies (its match table is
+    unchanged)."""
+    llm, params, want = full_window_engine(tmp_path)
+    engine, policy = llm.engine, llm.engine.speculator.policy
     table = [list(row) for row in policy.matches._counts]
-    engine.step_log = []
     got = llm.generate(REPEATING, params, use_tqdm=False)
     assert got[0].outputs[0].token_ids == want[0].outputs[0].token_ids
     stats, kinds = engine.get_stats().spec, [step.kind for step in engine.step_log]
     # before the gate has seen a step of batch 1, at most the prompt's step is decided by the policy
-    assert stats.full_steps >= len(kinds) - 2 and stats.policy_steps <= 1 and stats.num_drafts >= 10
-    assert "decode ahead" not in kinds  # every step decided (after the one before it), as with k fixed
+    assert stats.full_steps >= len(kinds) - 2 and stats.policy_steps <= 1 and stats.num_drafts >= 5
     assert [list(row) for row in policy.matches._counts] == table
     engine.check_integrity()
+
+
+def test_full_windows_launch_a_step_ahead_while_no_match_is_in_sight(tmp_path) -> None:
+    """n-gram's FULL windows (speculator.py's docstring): step i is launched ahead of step i - 1's tokens exactly
+    when the tokens read before it (those of steps 0 .. i - 2) hold no match and step i - 1 verified nothing; a
+    verify step's drafts are the proposal from every token before it. Replayed on the greedy output: each step's
+    tokens known, its drafts proposed and accepted as the engine must have."""
+    llm, params, want = full_window_engine(tmp_path)
+    got = llm.generate(REPEATING, params, use_tqdm=False)
+    seq = REPEATING[0]["prompt_token_ids"] + list(want[0].outputs[0].token_ids)
+    assert list(got[0].outputs[0].token_ids) == seq[len(REPEATING[0]["prompt_token_ids"]):]
+    proposer = NgramProposer(3, 1, 4)
+    steps = llm.engine.step_log
+    known = [len(REPEATING[0]["prompt_token_ids"])]  # known[i]: the tokens read before step i ran
+    for step in steps:
+        drafts = proposer.propose([seq[:known[-1]]], [3])[0] if step.kind.startswith("verify") else []
+        assert step.num_tokens == (len(drafts) + 1 if drafts else known[0] if step.kind == "prefill" else 1)
+        accepted = next((j for j, d in enumerate(drafts) if seq[known[-1] + j] != d), len(drafts))
+        known.append(known[-1] + accepted + 1)
+    aheads = 0
+    for i in range(2, len(steps)):
+        if known[i] > len(seq) - 4:  # the last tokens: no drafts past max_tokens, nothing launched past it
+            break
+        in_sight = bool(proposer.propose([seq[:known[i - 1]]], [1])[0])
+        ahead = steps[i].kind == "decode ahead"
+        assert ahead == (not in_sight and steps[i - 1].kind not in ("verify", "prefill")), (i, steps[i].kind)
+        aheads += ahead
+    assert aheads >= 20 and sum(step.kind == "verify" for step in steps) >= 3
+    llm.engine.check_integrity()
