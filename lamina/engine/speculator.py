@@ -18,17 +18,18 @@
 With the adaptive policy, no decision is made (and the next step may be launched ahead) during a pause of the
 policy's (Rest) or a plain window of the gate's (SpecGate: speculation on or off by measured throughput); in the
 gate's FULL windows the policy is left out and every request that may draft gets up to k, as without it, and
-n-gram launches a step ahead whenever the tokens read so far hold no match (a look ahead, below).
+n-gram launches a step ahead whenever the tokens read so far hold no match and every request is greedy (a look
+ahead, below; `_waits` says why not while one samples).
 
-    FULL window, n-gram, batch 1 (x_t: the token step t samples; "look": a proposal from the tokens read so far)
+    FULL window, n-gram, greedy, batch 1 (x_t: the token step t samples; "look": a proposal from the tokens read so far)
     step t    read x_t: a match?    no  -> step t+1 plain, and step t+2 launched ahead of x_{t+1}
     step t+1  read x_{t+1}: a look  no  -> step t+3 launched ahead of x_{t+2}, and so on
                                     yes -> step t+3 waits for x_{t+2}, then drafts from it (a match seen a token
                                            early is most often still one a token later)
 
 A look's drafts would follow a token not yet read, so none is kept: it only says whether the next step waits. The
-step after a miss costs what off's does (launched ahead) where it cost a synchronous step (~0.1 ms more on an H100's
-host), and a match that begins with the token in flight is drafted a step late.
+step after a miss costs what off's does (launched ahead) where it cost a synchronous step (~0.07 ms more on an
+H100's host at batch 1, greedy), and a match that begins with the token in flight is drafted a step late.
 """
 from __future__ import annotations
 
@@ -170,7 +171,7 @@ class Speculator:
         self._step_arm = self._next_arm = Arm.SPEC  # the gate's arm this step's / the next's drafts were decided in
         self._policy_skipped = False  # whether steps ran since the policy last read the requests (FULL windows)
         self.has_drafts = False  # whether after_tokens left drafts for the next step (the engine launches it early)
-        self._matching = True  # FULL, n-gram: whether the last proposal or look found a match (the next step waits)
+        self._next_waits = True  # FULL, n-gram: whether the step after the next waits for the next one's tokens
         self._compiled = False  # whether the step compiled a kernel (no sample of its speed)
 
     @property
@@ -184,7 +185,7 @@ class Speculator:
         (n-gram's FULL window: the module docstring), and with it whenever a decision is due (not during a pause
         or a plain window)."""
         if self._deciding() is None:
-            return self._matching or not self._looks_ahead()
+            return self._next_waits or not self._looks_ahead()
         return not (self._rest.left or self._plain())
 
     def _looks_ahead(self) -> bool:
@@ -267,7 +268,7 @@ class Speculator:
         self._resync(policy, running)
         start = time.perf_counter()
         if next_launched and policy is None and self._looks_ahead():
-            self._matching = self._match_in_sight(running)
+            self._next_waits = self._waits(running, self._match_in_sight(running))
             self.stats.draft_seconds += time.perf_counter() - start
             return
         if self.proposer is not None:
@@ -285,8 +286,17 @@ class Speculator:
             policy.tick()  # a SPEC step without drafts: the estimates age (spec_policy.py: Exploration)
         # drafts are set above only (else they were settled after the last verify step): no O(rows) scan otherwise
         self.has_drafts = (self.proposer is not None or worker_drafts) and any(r.spec_token_ids for r in running)
-        self._matching = self.has_drafts
+        self._next_waits = self._waits(running, self.has_drafts)
         self.stats.draft_seconds += time.perf_counter() - start
+
+    @staticmethod
+    def _waits(running: list[Request], matching: bool) -> bool:
+        """FULL, n-gram: whether the step after the next waits for the next one's tokens: while a match is in
+        sight, or while any request samples. On an H100 at batch 1 a sampled step launched ahead cost ~0.37 ms
+        against ~0.40 waited for (its host work, the sampling's, hides the device's), a greedy one ~0.24 against
+        ~0.31, and a look misses the matches that begin with the token in flight: looking ahead, the default ran
+        6-9 % faster than k fixed greedy and 0-9 % slower at T = 0.6 (docs/BENCHMARKS.md, thirty-seventh session)."""
+        return matching or not all(r.sampling_params.greedy for r in running)
 
     def _match_in_sight(self, running: list[Request]) -> bool:
         """Whether any request that may draft has a match in the tokens read so far (a look: its drafts would

@@ -321,3 +321,15 @@ def test_full_windows_launch_a_step_ahead_while_no_match_is_in_sight(tmp_path) -
         aheads += ahead
     assert aheads >= 20 and sum(step.kind == "verify" for step in steps) >= 3
     llm.engine.check_integrity()
+
+
+def test_full_windows_do_not_look_ahead_while_a_request_samples(tmp_path) -> None:
+    """A sampled step launched ahead saves little (its host work hides the device's): with a request that samples,
+    FULL windows decide every step after the tokens before it, as k fixed does."""
+    llm, _, _ = full_window_engine(tmp_path)
+    sampled = SamplingParams(temperature=0.8, seed=3, max_tokens=60, ignore_eos=True)
+    got = llm.generate(REPEATING, sampled, use_tqdm=False)
+    kinds = [step.kind for step in llm.engine.step_log]
+    assert len(got[0].outputs[0].token_ids) == 60 and len(kinds) > 10
+    assert "decode ahead" not in kinds and llm.engine.get_stats().spec.full_steps >= len(kinds) - 2
+    llm.engine.check_integrity()
