@@ -33,7 +33,8 @@ The speculating windows have two modes, chosen the same way by a second pair of 
 (SpecGate(full=True), the engine's):
 
     SPEC    the policy decides each step's drafts (above)
-    FULL    no policy: every request that may draft gets up to k drafts, at every step (as `adaptive: false`)
+    FULL    no policy: every request that may draft gets up to k drafts, at every step (as `adaptive: false`;
+            n-gram launches steps ahead while no match is in sight: speculator.py)
 
 SPEC leads first and in doubt: FULL needs FULL_MARGIN (5 %) over it to lead where a bucket holds several rows,
 SPEC_MARGIN (2 %) at one row (`full_margin`: one row's window rate is all its request's speed, no tail to charge).
@@ -216,9 +217,8 @@ class SpecGate:
         self._bucket, self._steps, self._counted = bucket, 0, []
         self._arm = self.buckets.setdefault(bucket, BucketState()).next_arm()
         if self._arm is Arm.SPEC and self.full_arm:
-            mode = self.modes.setdefault(bucket, BucketState(Arm.FULL, Arm.SPEC, full_margin(bucket),
-                                                                    leader=Arm.SPEC))
-            self._arm = mode.next_arm()
+            fresh = BucketState(Arm.FULL, Arm.SPEC, full_margin(bucket), leader=Arm.SPEC)
+            self._arm = self.modes.setdefault(bucket, fresh).next_arm()
 
     def _end_window(self, complete: bool) -> None:
         if self._bucket is None:

@@ -295,7 +295,7 @@ class Speculator:
         sight, or while any request samples. On an H100 at batch 1 a sampled step launched ahead cost ~0.37 ms
         against ~0.40 waited for (its host work, the sampling's, hides the device's), a greedy one ~0.24 against
         ~0.31, and a look misses the matches that begin with the token in flight: looking ahead, the default ran
-        6-9 % faster than k fixed greedy and 0-9 % slower at T = 0.6 (docs/BENCHMARKS.md, thirty-seventh session)."""
+        6-9 % faster than k fixed greedy and 1-15 % slower at T = 0.6 (docs/BENCHMARKS.md, thirty-seventh session)."""
         return matching or not all(r.sampling_params.greedy for r in running)
 
     def _match_in_sight(self, running: list[Request]) -> bool:
