@@ -22,12 +22,14 @@ probes decides the leader:
                  ^ probe, judged against windows 1 and 3
 
 Speculation leads while its advantage beats SPEC_MARGIN: in doubt, the engine runs as without it. The next probe
-comes after max(2 gap, loss / EXPLORE_BUDGET) leader windows (loss / EXPLORE_BUDGET after a change of lead; at
-least 1, at most `max_gap`), loss being what a window of the slower arm costs against the faster (1 - slower /
-faster): the probes of an arm 30 % slower cost 1 % of the throughput at most, those of one 2 % slower come often,
-which they may (its noise takes more windows to settle, and a wrong lead costs little). A change of workload
-(another prompt, longer contexts) is noticed within max_gap windows. A window ends early when the batch leaves its
-bucket; it counts if at least half of it was counted, else its arm runs again.
+comes after max(2 gap, loss / EXPLORE_BUDGET) leader windows (loss / EXPLORE_BUDGET after a change of lead or after
+a probe whose own sample found the probed arm faster: the lead may be wrong; at least 1, at most `max_gap`), loss
+being what a window of the slower arm costs against the faster (1 - slower / faster): the probes of an arm 30 %
+slower cost 1 % of the throughput at most, those of one 2 % slower come often, which they may (its noise takes more
+windows to settle, and a wrong lead costs little). A change of workload (another prompt, longer contexts) is
+noticed within max_gap windows and followed a few windows later (scripts/spec_gate_noise.py: 15-32 windows at
+0-20 % noise per window where doubling gaps took 71-110). A window ends early when the batch leaves its bucket; it
+counts if at least half of it was counted, else its arm runs again.
 
 The speculating windows have two modes, chosen the same way by a second pair of arms per bucket
 (SpecGate(full=True), the engine's):
@@ -120,7 +122,7 @@ class BucketState:
             self.advantage = sample if self.advantage is None else (
                 RATE_DECAY * self.advantage + (1 - RATE_DECAY) * sample)
             self.probe = None
-            if self._choose(max_gap):
+            if self._choose(max_gap, contradicted=self._faster(sample) is not self.leader):
                 self.since_probe, self.before = 0, None  # the new leader's windows are measured from now
                 return
         self.since_probe, self.before = self.since_probe + 1, rate
@@ -130,16 +132,24 @@ class BucketState:
         state = dataclasses.asdict(self)
         return {key: value.value if isinstance(value, Arm) else value for key, value in state.items()}
 
-    def _choose(self, max_gap: int) -> bool:
+    def _choose(self, max_gap: int, contradicted: bool) -> bool:
         """`first` leads while its advantage beats the margin; the next probe comes after max(2 gap,
-        loss / EXPLORE_BUDGET) windows (loss / EXPLORE_BUDGET after a change of lead). Whether the lead changed."""
+        loss / EXPLORE_BUDGET) windows, or loss / EXPLORE_BUDGET after a change of lead or a probe that found the
+        probed arm faster (`contradicted`: the lead may be wrong, so it is checked again soon, within the budget).
+        Whether the lead changed."""
         ratio = math.exp(self.advantage) / (1 + self.margin)  # first over second, the margin taken off
-        faster = self.first if ratio > 1 else self.second
+        faster = self._faster(self.advantage)
         loss = 1 - min(ratio, 1 / ratio)
         changed = faster is not self.leader
         self.leader = faster
-        self.gap = max(1, min(max_gap, max(1 if changed else 2 * self.gap, math.ceil(loss / EXPLORE_BUDGET))))
+        doubled = 1 if changed or contradicted else 2 * self.gap
+        self.gap = max(1, min(max_gap, max(doubled, math.ceil(loss / EXPLORE_BUDGET))))
         return changed
+
+    def _faster(self, advantage: float) -> Arm:
+        """The arm that an advantage of `first` (log of its rate over `second`'s) says is faster, the margin
+        taken off."""
+        return self.first if advantage > math.log1p(self.margin) else self.second
 
     def _count(self, arm: Arm, rate: float) -> None:
         if arm is self.first:

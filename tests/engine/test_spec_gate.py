@@ -78,6 +78,21 @@ def test_a_change_of_workload_moves_the_lead() -> None:
     assert arms[-10:].count("S") >= 9
 
 
+def test_a_probe_that_finds_the_other_arm_faster_is_followed_up_soon() -> None:
+    """Speculation 10 % slower for long (probes MAX_GAP apart), then 12 % faster: its first probe's sample is not
+    enough to move the EMA past the margin, but it contradicts the lead, so the next probe comes within the budget's
+    gap instead of MAX_GAP later (doubling only while probes confirm the leader): speculation leads within about a
+    gap and a half, where confirming at MAX_GAP would take three gaps."""
+    gate, speed = SpecGate(), {"spec": 900.0}
+    run(gate, 300, lambda arm: speed["spec"] if arm is Arm.SPEC else 1000.0)
+    assert gate.buckets[1].leader is Arm.PLAIN and gate.buckets[1].gap == MAX_GAP
+    speed["spec"] = 1120.0
+    arms = run(gate, 3 * MAX_GAP, lambda arm: speed["spec"] if arm is Arm.SPEC else 1000.0)
+    probes = [i for i, arm in enumerate(arms) if arm == "S"]
+    assert probes[1] - probes[0] < MAX_GAP // 2  # the contradicting probe is followed up at once, not MAX_GAP on
+    assert gate.buckets[1].leader is Arm.SPEC and arms.index("SS") < MAX_GAP + MAX_GAP // 2
+
+
 def test_noisy_windows_still_leave_a_losing_arm_rarely_run() -> None:
     """Windows whose rate moves +-30 % at random: speculation at 0.8x of plain still runs in under a sixth of
     the windows (each probe that wins by noise is followed by a plain probe that takes the lead back)."""
