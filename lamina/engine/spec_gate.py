@@ -227,8 +227,9 @@ class SpecGate:
         self._bucket, self._steps, self._counted = bucket, 0, []
         self._arm = self.buckets.setdefault(bucket, BucketState()).next_arm()
         if self._arm is Arm.SPEC and self.full_arm:
-            fresh = BucketState(Arm.FULL, Arm.SPEC, full_margin(bucket), leader=Arm.SPEC)
-            self._arm = self.modes.setdefault(bucket, fresh).next_arm()
+            if bucket not in self.modes:
+                self.modes[bucket] = BucketState(Arm.FULL, Arm.SPEC, full_margin(bucket), leader=Arm.SPEC)
+            self._arm = self.modes[bucket].next_arm()
 
     def _end_window(self, complete: bool) -> None:
         if self._bucket is None:

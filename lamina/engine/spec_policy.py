@@ -249,6 +249,8 @@ class SpecPolicy:
         if not any(c > 0 for c in caps):
             return [0] * n
         key = self._memo_key(caps, base_tokens, drafting_cost, matches, certain, decline_pause)
+        if key is not None and self._memo_epoch != self.steps // self.memo_steps:  # a new period: answers anew
+            self._memo, self._memo_epoch = {}, self.steps // self.memo_steps
         if key is not None and key in self._memo:
             return list(self._memo[key])
         limits = self._draft_limits(request_ids, caps, base_tokens, drafting_cost, matches, certain, decline_pause)
@@ -258,12 +260,9 @@ class SpecPolicy:
 
     def _memo_key(self, caps: list[int], base_tokens: int | None, drafting_cost: bool, matches: Sequence[int] | None,
                   certain: bool, decline_pause: int | None) -> tuple | None:
-        """The memo's key of an n-gram question for a few requests (None: not kept, see memo_steps); the memo is
-        emptied as a new period begins."""
+        """The memo's key of an n-gram question for a few requests (None: not kept, see memo_steps)."""
         if not self.memo_steps or (matches is None and not certain) or len(caps) > scalar.SCALAR_MAX_REQUESTS:
             return None
-        if self._memo_epoch != self.steps // self.memo_steps:
-            self._memo, self._memo_epoch = {}, self.steps // self.memo_steps
         return (tuple(caps), None if matches is None else tuple(min(m, MAX_MATCH) for m in matches), base_tokens,
                 drafting_cost, certain, decline_pause)  # matches past MAX_MATCH are judged as MAX_MATCH
 

@@ -19,7 +19,7 @@ With the adaptive policy, no decision is made (and the next step may be launched
 policy's (Rest) or a plain window of the gate's (SpecGate: speculation on or off by measured throughput); in the
 gate's FULL windows the policy is left out and every request that may draft gets up to k, as without it, and
 n-gram launches a step ahead whenever the tokens read so far hold no match and every request is greedy (a look
-ahead, below; `_waits` says why not while one samples).
+ahead, below; `_looks_pay` says why not while one samples).
 
     FULL window, n-gram, greedy, batch 1 (x_t: the token step t samples; "look": a proposal from the tokens read so far)
     step t    read x_t: a match?    no  -> step t+1 plain, and step t+2 launched ahead of x_{t+1}
@@ -268,7 +268,7 @@ class Speculator:
         self._resync(policy, running)
         start = time.perf_counter()
         if next_launched and policy is None and self._looks_ahead():
-            self._next_waits = self._waits(running, self._match_in_sight(running))
+            self._next_waits = not self._looks_pay(running) or self._match_in_sight(running)
             self.stats.draft_seconds += time.perf_counter() - start
             return
         if self.proposer is not None:
@@ -286,17 +286,18 @@ class Speculator:
             policy.tick()  # a SPEC step without drafts: the estimates age (spec_policy.py: Exploration)
         # drafts are set above only (else they were settled after the last verify step): no O(rows) scan otherwise
         self.has_drafts = (self.proposer is not None or worker_drafts) and any(r.spec_token_ids for r in running)
-        self._next_waits = self._waits(running, self.has_drafts)
+        self._next_waits = self.has_drafts or not self._looks_pay(running)
         self.stats.draft_seconds += time.perf_counter() - start
 
     @staticmethod
-    def _waits(running: list[Request], matching: bool) -> bool:
-        """FULL, n-gram: whether the step after the next waits for the next one's tokens: while a match is in
-        sight, or while any request samples. On an H100 at batch 1 a sampled step launched ahead cost ~0.37 ms
-        against ~0.40 waited for (its host work, the sampling's, hides the device's), a greedy one ~0.24 against
-        ~0.31, and a look misses the matches that begin with the token in flight: looking ahead, the default ran
-        6-9 % faster than k fixed greedy and 1-15 % slower at T = 0.6 (docs/BENCHMARKS.md, thirty-seventh session)."""
-        return matching or not all(r.sampling_params.greedy for r in running)
+    def _looks_pay(running: list[Request]) -> bool:
+        """FULL, n-gram: whether looking ahead pays (else the step after the next waits for the next one's tokens
+        even with no match in sight): only while every request is greedy. On an H100 at batch 1 a sampled step
+        launched ahead cost ~0.37 ms against ~0.40 waited for (its host work, the sampling's, hides the device's), a
+        greedy one ~0.24 against ~0.31, and a look misses the matches that begin with the token in flight: looking
+        ahead, the default ran 6-9 % faster than k fixed greedy and 1-15 % slower at T = 0.6 (docs/BENCHMARKS.md,
+        thirty-seventh session)."""
+        return all(r.sampling_params.greedy for r in running)
 
     def _match_in_sight(self, running: list[Request]) -> bool:
         """Whether any request that may draft has a match in the tokens read so far (a look: its drafts would
