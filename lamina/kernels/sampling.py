@@ -22,7 +22,9 @@ is always accepted (M = 0), so the loop ends; with top_p 0.95 it almost always e
 A row with no finite logit (Z = 0: all -inf, or NaN) has no top token to accept: the loop also ends when a
 draw is not above the pivot, and such a row gets an arbitrary token instead of spinning the GPU forever.
 Noise g = -log(-log(u)), u from Philox keyed by the row's seed, at a counter fixed by the round and the
-column: a row's tokens depend only on its seed, never on the batch. A row with temperature 0 is greedy (argmax).
+column: a row's tokens depend only on its seed, never on the batch. A row with temperature 0 is greedy (argmax);
+given each row's argmax (the CUDA graphs compute it with the logits: lamina/worker/cuda_graphs.py), such a row
+copies it instead of reading its logits.
 
 Importing this module imports triton: the sampler imports it only for CUDA logits.
 """
@@ -107,22 +109,8 @@ def _mass_above(row_ptr, scale, x_j, m, vocab: tl.constexpr, BLOCK: tl.constexpr
 
 
 @triton.jit
-def _sample_kernel(logits_ptr, stride_row, temperature_ptr, top_p_ptr, min_p_ptr, kth_ptr, seed_ptr, out_ptr,
-                   vocab: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_MIN_P: tl.constexpr, HAS_KTH: tl.constexpr,
-                   BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    row_ptr = logits_ptr + row.to(tl.int64) * stride_row
-    temperature = tl.load(temperature_ptr + row)
-    seed = tl.load(seed_ptr + row)
-    top_p = 1.0
-    if HAS_TOP_P:
-        top_p = tl.load(top_p_ptr + row)
-    log_min_p = float("-inf")
-    if HAS_MIN_P:
-        log_min_p = tl.log(tl.load(min_p_ptr + row))
-    kth = float("-inf")
-    if HAS_KTH:
-        kth = tl.load(kth_ptr + row)
+def _sample_row(row_ptr, temperature, top_p, log_min_p, kth, seed, vocab: tl.constexpr, BLOCK: tl.constexpr):
+    """The token of one row (the module docstring's loop)."""
     noise = temperature > 0.0
     scale = 1.0 / tl.where(noise, temperature, 1.0)
     m = 0.0
@@ -143,26 +131,57 @@ def _sample_kernel(logits_ptr, stride_row, temperature_ptr, top_p_ptr, min_p_ptr
             j = _gumbel_argmax(row_ptr, scale, kth, floor_x, pivot, seed, noise, round_idx, vocab, BLOCK)
             x_j = tl.load(row_ptr + j).to(tl.float32) * scale
             rejected = _mass_above(row_ptr, scale, x_j, m, vocab, BLOCK) >= top_p * z
-    tl.store(out_ptr + row, j.to(tl.int64))
+    return j.to(tl.int64)
+
+
+@triton.jit
+def _sample_kernel(logits_ptr, stride_row, temperature_ptr, top_p_ptr, min_p_ptr, kth_ptr, seed_ptr, argmax_ptr,
+                   out_ptr, vocab: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_MIN_P: tl.constexpr,
+                   HAS_KTH: tl.constexpr, HAS_ARGMAX: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    row_ptr = logits_ptr + row.to(tl.int64) * stride_row
+    temperature = tl.load(temperature_ptr + row).to(tl.float32)  # float32 or float64 rows: the same value
+    seed = tl.load(seed_ptr + row)
+    top_p = 1.0
+    if HAS_TOP_P:
+        top_p = tl.load(top_p_ptr + row).to(tl.float32)
+    log_min_p = float("-inf")
+    if HAS_MIN_P:
+        log_min_p = tl.log(tl.load(min_p_ptr + row).to(tl.float32))
+    kth = float("-inf")
+    if HAS_KTH:
+        kth = tl.load(kth_ptr + row)
+    if HAS_ARGMAX:  # a greedy row's token is its argmax, computed already: no pass over the vocabulary
+        if temperature == 0.0:
+            j = tl.load(argmax_ptr + row).to(tl.int64)
+        else:
+            j = _sample_row(row_ptr, temperature, top_p, log_min_p, kth, seed, vocab, BLOCK)
+    else:
+        j = _sample_row(row_ptr, temperature, top_p, log_min_p, kth, seed, vocab, BLOCK)
+    tl.store(out_ptr + row, j)
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor, top_p: torch.Tensor | None = None,
-           min_p: torch.Tensor | None = None, kth: torch.Tensor | None = None, block_v: int = BLOCK_V
-           ) -> torch.Tensor:
+           min_p: torch.Tensor | None = None, kth: torch.Tensor | None = None, block_v: int = BLOCK_V, *,
+           argmax: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row of logits [B, V] (any float dtype, unit stride along V) -> [B] int64 token ids.
 
-    Per row, float32: temperature (0 = greedy), top_p (1 = off), min_p (0 = off), kth (the k-th largest
-    logit, ties kept; -inf = off); seeds int64 (the row's Philox key). None: no row uses that filter.
-    Nothing waits for the host or makes the host wait."""
+    Per row, float32 or float64: temperature (0 = greedy), top_p (1 = off), min_p (0 = off); kth float32 (the
+    k-th largest logit, ties kept; -inf = off); seeds int64 (the row's Philox key). None: no row uses that filter.
+    `argmax` [B] int64: each row's argmax, computed already; greedy rows copy it instead of reading their logits.
+    `out` [B] int64: where the tokens go (a new tensor if None). Nothing waits for the host or makes the host
+    wait (a CUDA graph captures it)."""
     num_rows, vocab = logits.shape
     assert logits.stride(1) == 1
-    out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
+    if out is None:
+        out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
     if num_rows == 0:
         return out
     _sample_kernel[(num_rows,)](
         logits, logits.stride(0), temperature, _or(top_p, temperature), _or(min_p, temperature),
-        _or(kth, temperature), seeds, out, vocab=vocab, HAS_TOP_P=top_p is not None,
-        HAS_MIN_P=min_p is not None, HAS_KTH=kth is not None, BLOCK=block_v, num_warps=NUM_WARPS)
+        _or(kth, temperature), seeds, _or(argmax, seeds), out, vocab=vocab, HAS_TOP_P=top_p is not None,
+        HAS_MIN_P=min_p is not None, HAS_KTH=kth is not None, HAS_ARGMAX=argmax is not None, BLOCK=block_v,
+        num_warps=NUM_WARPS)
     return out
 
 

@@ -19,13 +19,13 @@ from lamina.attention.metadata import set_attention_metadata
 from lamina.failures import is_fatal
 from lamina.kernels import compile_counter
 from lamina.kv.cache import attention_layers, move_kv
-from lamina.layers.sampler import Sampler, SamplerOutput, SamplingMetadata, uses_sampling_kernel
+from lamina.layers.sampler import Sampler, SamplerOutput, SamplingMetadata, compute_logprobs, uses_sampling_kernel
 from lamina.layers.sampling_metadata import min_tokens_mask, philox_keys
 from lamina.sampling_params import SamplingParams
 from lamina.spec.draft_tree import DraftTree
 from lamina.step import DRAFT_ON_DEVICE, ModelRunnerOutput, SchedulerOutput
 from lamina.worker.batch_state import BatchState
-from lamina.worker.cuda_graphs import CudaGraphRunner
+from lamina.worker.cuda_graphs import CudaGraphRunner, GraphOutputs, SlotSampling
 from lamina.worker.drafter import Drafter
 from lamina.worker.input_batch import DevicePatch, HostBatch, plan_batch, to_device
 from lamina.worker.pending_step import PendingStep, Verified
@@ -104,20 +104,27 @@ class ModelRunner:
         host = plan_batch(scheduled, self.states, self.block_size, self.tree)
         ahead_ids = self._ahead_input_ids(host.sampling_req_ids, previous) if scheduled.decode_ahead else None
         drafts = self._held_drafts(host)
-        hidden, logits, argmax = self._forward(host, ahead_ids, drafts)
-        hidden, self._prompt_logprobs = split_prompt_rows(self.model, hidden, host)
+        out = self._forward(host, ahead_ids, drafts)
+        hidden, self._prompt_logprobs = split_prompt_rows(self.model, out.hidden, host)
         if not host.sampling_req_ids:
             return PendingStep([], None)
+        logits, argmax = out.logits, None
         if logits is None:
             logits = self.model.compute_logits(hidden)
         else:
             logits = logits[:len(hidden)]
-            argmax = argmax[:len(hidden)] if self._all_greedy(host.sampling_req_ids) else None
+            argmax = out.argmax[:len(hidden)] if self._all_greedy(host.sampling_req_ids) else None
+        sampled = None if out.sampled is None else out.sampled[:len(hidden)]  # the graph drew them (_slot_sampling)
         if any(host.num_draft_tokens):
             draft_ids = host.draft_token_ids if drafts is None else drafts.values
-            self._last = self._draft_after(self._verify(logits, argmax, host, draft_ids), scheduled, host, hidden)
+            verify = self._verify(logits, argmax, host, draft_ids, sampled)
+            self._last = self._draft_after(verify, scheduled, host, hidden)
             return self._last
         req_ids, positions = host.sampling_req_ids, host.sample_positions
+        if sampled is not None:
+            sampled = self._graph_sampled(logits, sampled, req_ids)
+            self._last = self._draft_after(self._pending(req_ids, sampled), scheduled, host, hidden)
+            return self._last
         try:
             out = self._sample(logits, req_ids, positions, argmax=argmax)
         except Exception as err:  # noqa: BLE001 - one row's failure must not fail the batch
@@ -128,29 +135,85 @@ class ModelRunner:
         self._last = self._draft_after(self._pending(req_ids, out), scheduled, host, hidden)
         return self._last
 
+    def _slot_sampling(self, host: HostBatch) -> SlotSampling | None:
+        """What a graph that samples (CudaGraphRunner.samples) is to draw for this step: each logits row's key,
+        temperature, top-p and min-p at its slot, keyed as `_sample` keys it, call by call (a verify step's drafting
+        rows, salted, then its plain rows: `_verify`). None (the step samples after the replay, as any other) if a
+        row needs more (top-k, penalties, min_tokens: its logits change first), or if every row is greedy (the
+        graph's argmax)."""
+        held, vocab_size = self.states.requests, self.vocab_size
+        params = [held[r].sampling_params for r in host.sampling_req_ids]
+        if all(p.greedy for p in params) or not all(_samples_in_graph(p, held[r].num_output_tokens, vocab_size)
+                                                    for r, p in zip(host.sampling_req_ids, params)):
+            return None
+        num_rows = len(host.sampling_req_ids) + sum(host.num_draft_tokens)
+        keys, row_params = [0] * num_rows, [params[0]] * num_rows
+        for rows, req_ids, positions, salted in self._sampling_calls(host):
+            call_params = [held[r].sampling_params for r in req_ids]
+            for row, p in zip(rows, call_params):
+                row_params[row] = p
+            if not req_ids or all(p.greedy for p in call_params):
+                continue  # a call that draws nothing takes no step key (_philox_keys)
+            seeds = [held[r].seed if salted else p.seed for r, p in zip(req_ids, call_params)]
+            for row, key in zip(rows, philox_keys(seeds, positions, self._step_keys.getrandbits(63))):
+                keys[row] = key
+        return SlotSampling(slots=host.logits_indices[:num_rows], keys=keys,
+                            temperature=[0.0 if p.greedy else p.temperature for p in row_params],
+                            top_p=[1.0 if p.greedy else p.top_p for p in row_params],
+                            min_p=[0.0 if p.greedy else p.min_p for p in row_params])
+
+    def _sampling_calls(self, host: HostBatch) -> list[tuple[list[int], list[str], list[int], bool]]:
+        """The step's sampling calls in the order `_execute` and `_verify` make them: (logits rows, the request of
+        each, the position it samples, salted)."""
+        plain, plain_rows, spec, spec_rows, num_drafts = _split_by_drafts(host.sampling_req_ids,
+                                                                          host.num_draft_tokens)
+        positions = [p for p, k in zip(host.sample_positions, host.num_draft_tokens) if k]
+        verify_rows = [r for r, k in zip(spec, num_drafts) for _ in range(k + 1)]
+        plain_positions = [p for p, k in zip(host.sample_positions, host.num_draft_tokens) if not k]
+        return [(spec_rows, verify_rows, self._verify_positions(positions, num_drafts), True),
+                (plain_rows, plain, plain_positions, False)]
+
+    def _verify_positions(self, positions: list[int], num_drafts: list[int]) -> list[int]:
+        """The position each verify row samples: request i's rows sample positions[i] + 0..k (a chain), or + the
+        depth of each tree node."""
+        offsets = (lambda k: range(k + 1)) if self.tree is None else (lambda k: (0, *self.tree.depths[:k]))
+        return [p + j for p, k in zip(positions, num_drafts) for j in offsets(k)]
+
+    def _graph_sampled(self, logits: torch.Tensor, sampled: torch.Tensor, req_ids: list[str]) -> SamplerOutput:
+        """The tokens a graph sampled (copied: the next replay rewrites its buffer), with the rows' logprobs from
+        their raw logits, as the Sampler computes them."""
+        tokens = sampled.clone()
+        asked = [n for r in req_ids if (n := self.states.requests[r].sampling_params.logprobs) is not None]
+        logprobs = compute_logprobs(logits, tokens, max(asked)) if asked else None
+        return SamplerOutput(sampled_token_ids=tokens, logprobs=logprobs)
+
     def _all_greedy(self, req_ids: list[str]) -> bool:
         """Whether every request samples greedily (only then can a step take the argmax its graph computed)."""
         held = self.states.requests
         return all(held[r].sampling_params.greedy for r in req_ids)
 
     def _verify(self, logits: torch.Tensor, argmax: torch.Tensor | None, host: HostBatch,
-                draft_ids: list[int] | torch.Tensor) -> PendingStep:
+                draft_ids: list[int] | torch.Tensor, sampled: torch.Tensor | None = None) -> PendingStep:
         """A step with drafts (`draft_ids`, flat: on the host, or on the device when the drafter holds them):
         requests without drafts sample as usual from their one row (keyed as in any other step, isolated as in
         any other step when a row raises); the others' k + 1 rows are verified by `_verify_drafts` (the target
         distribution exactly). `argmax`: each row's, when the graph computed it and every row is greedy (else
-        None)."""
+        None); `sampled`: every row's token, when the graph drew them (else None)."""
         plain, plain_rows, spec, spec_rows, num_drafts = _split_by_drafts(host.sampling_req_ids,
                                                                           host.num_draft_tokens)
         positions = [p for p, k in zip(host.sample_positions, host.num_draft_tokens) if k]
         verified, failed = self._verify_drafts(_select_rows(logits, spec_rows, self.device), spec, num_drafts,
-                                               draft_ids, positions, _select_rows(argmax, spec_rows, self.device))
+                                               draft_ids, positions, _select_rows(argmax, spec_rows, self.device),
+                                               _select_rows(sampled, spec_rows, self.device))
         if verified is not None and self.tree is not None:
             verified.tree, verified.on_paths = self.tree, self._kv_mover(spec, positions)
         if not plain:
             return PendingStep([], None, failed=failed, on_result=self.states.record, verified=verified)
         positions = [p for p, k in zip(host.sample_positions, host.num_draft_tokens) if not k]
         plain_logits = _select_rows(logits, plain_rows, self.device)
+        if sampled is not None:
+            out = self._graph_sampled(plain_logits, _select_rows(sampled, plain_rows, self.device), plain)
+            return self._pending(plain, out, failed, verified)
         try:
             sampled = self._sample(plain_logits, plain, positions,
                                    argmax=_select_rows(argmax, plain_rows, self.device))
@@ -162,17 +225,17 @@ class ModelRunner:
 
     def _verify_drafts(self, logits: torch.Tensor, spec: list[str], num_drafts: list[int],
                        draft_ids: list[int] | torch.Tensor, positions: list[int], argmax: torch.Tensor | None = None,
-                       ) -> tuple[Verified | None, dict[str, str]]:
+                       sampled: torch.Tensor | None = None) -> tuple[Verified | None, dict[str, str]]:
         """The drafting requests' tokens: every one of their k + 1 rows is sampled as any row is (keyed by its own
-        position); reading the step keeps a request's drafts while they equal its samples, then one sample more
-        (lamina.layers.accept_drafts: rejection sampling exactly for one-hot proposals, which every proposer here
-        makes). Logprobs come from each row's raw logits. If sampling raises, those requests fail and the rest
-        of the step goes on."""
+        position; `sampled`: drawn so by the graph already); reading the step keeps a request's drafts while they
+        equal its samples, then one sample more (lamina.layers.accept_drafts: rejection sampling exactly for
+        one-hot proposals, which every proposer here makes). Logprobs come from each row's raw logits. If sampling
+        raises, those requests fail and the rest of the step goes on."""
         rows = [r for r, k in zip(spec, num_drafts) for _ in range(k + 1)]
-        offsets = (lambda k: range(k + 1)) if self.tree is None else (lambda k: (0, *self.tree.depths[:k]))
-        row_positions = [p + j for p, k in zip(positions, num_drafts) for j in offsets(k)]
         try:
-            out = self._sample(logits, rows, row_positions, salted=True, argmax=argmax)
+            out = (self._graph_sampled(logits, sampled, rows) if sampled is not None else
+                   self._sample(logits, rows, self._verify_positions(positions, num_drafts), salted=True,
+                                argmax=argmax))
         except Exception as err:  # noqa: BLE001 - the drafting requests end with the error, the others go on
             if is_fatal(err):
                 raise
@@ -285,17 +348,18 @@ class ModelRunner:
         return self.drafter.take([r for r, _ in spec], [k for _, k in spec], rows)
 
     def _forward(self, host: HostBatch, ahead_ids: torch.Tensor | None, drafts: DevicePatch | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """(hidden states of the rows in logits_indices, their logits and argmax when a captured graph computed
-        them, else None). Batches a captured graph holds (CudaGraphRunner) replay it; the rest run eagerly.
+                 ) -> GraphOutputs:
+        """The rows in logits_indices: their hidden states, and their logits, argmax and samples where a captured
+        graph computed them. Batches a captured graph holds (CudaGraphRunner) replay it; the rest run eagerly.
         `ahead_ids` overwrite the input ids, `drafts` some of them."""
         graph = None if self.graphs is None else self.graphs.graph_for(host)
         if graph is not None:
+            sampling = self._slot_sampling(host) if self.graphs.samples(graph) else None
+            out = self.graphs.run(host, graph, ahead_ids, drafts, sampling)
             # all rows, unless a one-token prompt chunk rides among the decodes (it samples nothing)
-            hidden, logits, argmax = self.graphs.run(host, graph, ahead_ids, drafts)
             rows = host.logits_indices
-            return (_select_rows(hidden, rows, self.device), _select_rows(logits, rows, self.device),
-                    _select_rows(argmax, rows, self.device))
+            return GraphOutputs(*(_select_rows(t, rows, self.device)
+                                  for t in (out.hidden, out.logits, out.argmax, out.sampled)))
         batch = to_device(host, self.device)
         if ahead_ids is not None:
             batch.input_ids.copy_(ahead_ids)
@@ -303,7 +367,7 @@ class ModelRunner:
             drafts.apply(batch.input_ids)
         with set_attention_metadata(batch.attn_metadata):
             hidden = self.model(batch.input_ids, batch.positions)
-        return hidden[batch.logits_indices], None, None
+        return GraphOutputs(hidden[batch.logits_indices])
 
     def _philox_keys(self, params: list[SamplingParams], seeds: list[int | None], positions: list[int]
                      ) -> list[int] | None:
@@ -313,6 +377,13 @@ class ModelRunner:
         if not self.kernel_sampling or all(p.greedy for p in params):
             return None
         return philox_keys(seeds, positions, self._step_keys.getrandbits(63))
+
+
+def _samples_in_graph(params: SamplingParams, num_output_tokens: int, vocab_size: int) -> bool:
+    """Whether a row's token can be drawn inside a CUDA graph (the sampling kernel's temperature, top-p and min-p
+    only): no top-k below the vocabulary, no penalties, no min_tokens still to reach."""
+    return (not params.has_penalties and num_output_tokens >= params.min_tokens
+            and (params.greedy or params.top_k <= 0 or params.top_k >= vocab_size))
 
 
 def _seeded_generators(seeds: list[int | None], positions: list[int],

@@ -174,7 +174,8 @@ class Worker:
         query_lens = (1,) if spec is None else spec.verify_query_lens  # decode, verify
         graphs = CudaGraphRunner(self.model, max_batch, self.max_model_len, self.config.cache_config.block_size,
                                  self.device, query_lens=query_lens, tree=self.tree is not None,
-                                 prefill_tokens=self.config.cuda_graph_prefill_tokens)
+                                 prefill_tokens=self.config.cuda_graph_prefill_tokens,
+                                 sample=self.runner.kernel_sampling)
         start = time.perf_counter()
         graphs.capture_all()
         logger.info("CUDA graphs: %d buckets (1..%d) x query lengths %s, prompt chunks in %s, captured in %.1f s",

@@ -100,6 +100,23 @@ def test_a_row_depends_only_on_its_key() -> None:
     assert len(set(many.tolist())) > 3  # different keys give different draws
 
 
+def test_greedy_rows_copy_a_given_argmax_and_float64_rows_sample_as_float32() -> None:
+    """The CUDA graphs' call (lamina/worker/cuda_graphs.py): rows of temperature 0 take the argmax they are given
+    (a wrong one shows it was copied, not recomputed); the sampled rows draw what float32 parameters draw."""
+    torch.manual_seed(3)
+    logits = torch.randn(5, 37)
+    temperature = torch.tensor([0.0, 0.7, 0.0, 1.3, 0.9])
+    top_p, min_p = torch.tensor([1.0, 0.8, 1.0, 1.0, 0.95]), torch.tensor([0.0, 0.0, 0.0, 0.1, 0.0])
+    given = torch.tensor([4, 0, 9, 0, 0])
+    reference = sampling.sample(logits, temperature, keys(5), top_p=top_p, min_p=min_p, block_v=8)
+    out = torch.full((5,), -1, dtype=torch.int64)
+    tokens = sampling.sample(logits, temperature.double(), keys(5), top_p=top_p.double(), min_p=min_p.double(),
+                             block_v=8, argmax=given, out=out)
+    assert tokens.data_ptr() == out.data_ptr()
+    assert tokens.tolist() == [4, reference[1], 9, reference[3], reference[4]]
+    assert reference[0] == logits[0].argmax() and reference[2] == logits[2].argmax() != 9
+
+
 def test_sampler_kernel_path_mixes_greedy_top_k_and_seeded_rows() -> None:
     """Through the Sampler's kernel dispatch: metadata built from requests, kth from top-k."""
     params = [SamplingParams(temperature=0.0), SamplingParams(top_k=2, seed=5), SamplingParams(top_p=0.5),

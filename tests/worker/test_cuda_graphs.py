@@ -17,7 +17,7 @@ import tests.kernels.conftest  # noqa: F401 - TRITON_INTERPRET=1 and the interpr
 from lamina import LLM, SamplingParams
 from lamina.graphs import (EagerGraph, StaticBuffers, TorchCUDAGraph, bucket_for, capture_buckets,
                            closed_over_tensors, graph_buckets)
-from lamina.worker.cuda_graphs import CudaGraphRunner, graph_decision, prefill_query_lens
+from lamina.worker.cuda_graphs import CudaGraphRunner, SlotSampling, graph_decision, prefill_query_lens
 from lamina.worker.input_batch import HostBatch
 from tests.helpers.spec_tree import count_off_chain, perturbed_copy
 from tests.helpers.tiny_models import make_tiny_model
@@ -203,8 +203,7 @@ def _with_eager_graphs(llm: LLM, max_batch_size: int, prefill_tokens: int = 0) -
     graphs.capture_all()
     replayed: list[HostBatch] = []
     original_run = graphs.run
-    graphs.run = lambda batch, graph, ids=None, drafts=None: (replayed.append(batch) or
-                                                             original_run(batch, graph, ids, drafts))
+    graphs.run = lambda batch, graph, *args: replayed.append(batch) or original_run(batch, graph, *args)
     worker.runner.graphs = graphs
     return replayed
 
@@ -292,8 +291,7 @@ def test_replayed_verify_steps_equal_eager(model_dir: str, spec: dict, tmp_path,
     graphs.capture_all()
     replayed: list[HostBatch] = []
     original_run = graphs.run
-    graphs.run = lambda batch, graph, ids=None, drafts=None: (replayed.append(batch) or
-                                                             original_run(batch, graph, ids, drafts))
+    graphs.run = lambda batch, graph, *args: replayed.append(batch) or original_run(batch, graph, *args)
     worker.runner.graphs = graphs
     moves = count_off_chain(monkeypatch)
     out = llm.generate(inputs, params, use_tqdm=False)
@@ -368,19 +366,143 @@ def test_small_buckets_compute_their_logits_inside_the_graph(model_dir: str) -> 
     graphs.capture_all()
     batch = _decode_batch([[3, 5], [7], [2, 4, 6]], [10, 5, 20], block_size=8)
     with torch.inference_mode():  # as the model runner runs it
-        hidden, logits, argmax = graphs.run(batch, graphs.graph_for(batch))
+        out = graphs.run(batch, graphs.graph_for(batch))
+        hidden, logits, argmax = out.hidden, out.logits, out.argmax
+        assert out.sampled is None  # nothing to sample
         assert logits is not None and logits.shape == (3, worker.arch.vocab_size)
         assert logits.data_ptr() == graphs.logits.data_ptr()  # the one buffer every small graph writes
         torch.testing.assert_close(logits, worker.model.compute_logits(hidden))
         assert argmax.tolist() == logits.argmax(dim=-1).tolist() and argmax.data_ptr() == graphs.argmax.data_ptr()
         single = _decode_batch([[9]], [4], block_size=8)
-        one, one_logits, one_argmax = graphs.run(single, graphs.graph_for(single))  # another graph
-        torch.testing.assert_close(one_logits, worker.model.compute_logits(one))
-        assert one_argmax.tolist() == one_logits.argmax(dim=-1).tolist()
+        one = graphs.run(single, graphs.graph_for(single))  # another graph
+        torch.testing.assert_close(one.logits, worker.model.compute_logits(one.hidden))
+        assert one.argmax.tolist() == one.logits.argmax(dim=-1).tolist()
         # five rows of two tokens: bucket 8 of q = 16, 128 slots, more than the graphs compute logits for
         five = HostBatch(input_ids=list(range(1, 11)), positions=[4, 5] * 5, slot_mapping=[4, 5] * 5,
                          query_start_loc=list(range(0, 11, 2)), seq_lens=[6] * 5, block_tables=[[1]] * 5,
                          logits_indices=list(range(1, 10, 2)), sampling_req_ids=[])
         assert 8 * 16 > cuda_graphs.LOGITS_IN_GRAPH_TOKENS
-        assert graphs.run(five, graphs.graph_for(five))[1:] == (None, None)
+        big = graphs.run(five, graphs.graph_for(five))
+        assert big.logits is None and big.argmax is None and big.sampled is None
     assert graphs.logits.shape == (cuda_graphs.LOGITS_IN_GRAPH_TOKENS, worker.arch.vocab_size)
+
+
+def test_small_buckets_sample_the_slots_they_are_given(model_dir: str) -> None:
+    """A graph that samples draws each given slot as the sampling kernel draws its logits row with the same key,
+    temperature, top-p and min-p, and copies the argmax of every other slot; the next replay without sampling sets
+    every temperature back to 0 (an argmax copy, whatever the last keys were)."""
+    pytest.importorskip("triton")
+    from lamina.kernels import sampling
+
+    llm = _llm(model_dir)
+    worker = llm.engine.executor.worker
+    graphs = CudaGraphRunner(worker.model, 4, worker.max_model_len, 8, torch.device("cpu"), graph_cls=EagerGraph,
+                             sample=True)
+    graphs.capture_all()
+    batch = _decode_batch([[3, 5], [7], [2, 4, 6]], [10, 5, 20], block_size=8)
+    given = SlotSampling(slots=[0, 2], keys=[11, -7], temperature=[0.9, 1.7], top_p=[1.0, 0.8], min_p=[0.05, 0.0])
+    graph = graphs.graph_for(batch)
+    assert graphs.samples(graph)
+    with torch.inference_mode():
+        out = graphs.run(batch, graph, sampling=given)
+        logits = out.logits.clone()
+        expected = sampling.sample(logits[[0, 2]], torch.tensor(given.temperature), torch.tensor(given.keys),
+                                   top_p=torch.tensor(given.top_p), min_p=torch.tensor(given.min_p))
+        tokens = out.sampled.tolist()
+        assert [tokens[0], tokens[2]] == expected.tolist() and tokens[1] == logits[1].argmax()
+        assert graphs.sampling_rows[1, 4:].eq(0).all()  # padding slots: greedy
+        again = graphs.run(batch, graph)
+        assert again.sampled is None and graphs.sampling_rows[1].eq(0).all()
+        assert graphs.sampled[:3].tolist() == again.argmax.tolist()
+    assert not CudaGraphRunner(worker.model, 4, worker.max_model_len, 8, torch.device("cpu"),
+                               graph_cls=EagerGraph).samples(graph)
+
+
+def test_sampled_steps_replayed_draw_inside_the_graph_as_eager_steps_draw(model_dir: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the sampling kernel on both sides (the interpreter on CPU), decode steps replayed in a small bucket give
+    the eager engine's tokens, seeded and unseeded, with top-p, min-p, logprobs and a greedy row beside them, and
+    launch no sampling of their own (the graph drew them); a step with a row that uses top-k samples after the
+    replay, as before, with the same tokens."""
+    pytest.importorskip("triton")
+    from lamina.layers.sampler import Sampler
+
+    prompts = [[3, 9, 4, 1], [7, 7, 2], [5, 1]]
+    in_graph = [SamplingParams(temperature=0.8, seed=4, max_tokens=6, ignore_eos=True, logprobs=2),
+                SamplingParams(temperature=1.1, top_p=0.9, min_p=0.05, max_tokens=6, ignore_eos=True),
+                SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)]
+    with_top_k = in_graph[:2] + [SamplingParams(temperature=0.7, top_k=5, max_tokens=6, ignore_eos=True)]
+    inputs = [{"prompt_token_ids": p} for p in prompts]
+    sampled: list[int] = []
+    original = Sampler._sample
+    monkeypatch.setattr(Sampler, "_sample", lambda self, logits, metadata: sampled.append(len(logits)) or
+                        original(self, logits, metadata))
+    for params in (in_graph, with_top_k):
+        eager = _llm(model_dir, seed=3)
+        eager.engine.executor.worker.runner.kernel_sampling = True  # the kernel on both sides: the same draws
+        expected = eager.generate(inputs, params, use_tqdm=False)
+        llm = _llm(model_dir, seed=3)
+        runner = llm.engine.executor.worker.runner
+        runner.kernel_sampling = True
+        worker = llm.engine.executor.worker
+        runner.graphs = CudaGraphRunner(worker.model, 4, worker.max_model_len, 8, torch.device("cpu"),
+                                        graph_cls=EagerGraph, sample=True)
+        runner.graphs.capture_all()
+        sampled.clear()
+        out = llm.generate(inputs, params, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in expected]
+        assert len({tuple(o.outputs[0].token_ids) for o in out[:2]}) == 2
+        assert out[0].outputs[0].logprobs == expected[0].outputs[0].logprobs
+        decodes = 5  # 6 tokens: one from the prompt step, five from decode steps of all three rows
+        assert len(sampled) == (1 if params is in_graph else 1 + decodes), sampled
+        llm.engine.check_integrity()
+
+
+@pytest.mark.parametrize("spec", [
+    {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2,
+     "adaptive": False},
+    {"method": "draft_model", "model": "DRAFT", "speculative_token_tree": [(0,), (1,), (2,)], "adaptive": False},
+], ids=["ngram", "tree"])
+def test_sampled_verify_steps_replayed_draw_inside_the_graph_as_eager_steps_draw(
+        model_dir: str, spec: dict, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Verify steps that sample: the graph draws every row (the drafting rows keyed by their salts, then the plain
+    rows, as the runner's two sampling calls key them), the drafts are accepted from those tokens, and the output
+    is the eager engine's, token for token, with no sampling launched after any replay (the sampling kernel on
+    both sides, under the interpreter)."""
+    pytest.importorskip("triton")
+    from lamina.layers.sampler import Sampler
+
+    if spec.get("model") == "DRAFT":
+        spec = {**spec, "model": str(perturbed_copy(model_dir, tmp_path / "draft"))}
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [7, 8, 9, 10, 7, 8], [(5 * j) % 64 + 1 for j in range(11)]]
+    params = [SamplingParams(temperature=0.3, seed=7, max_tokens=12, ignore_eos=True, logprobs=1),
+              SamplingParams(temperature=0.5, top_p=0.9, max_tokens=10, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=11, ignore_eos=True)]
+    inputs = [{"prompt_token_ids": p} for p in prompts]
+    sampled: list[int] = []
+    original = Sampler._sample
+    monkeypatch.setattr(Sampler, "_sample", lambda self, logits, metadata: sampled.append(len(logits)) or
+                        original(self, logits, metadata))
+    eager = _llm(model_dir, speculative_config=spec, seed=5)
+    eager.engine.executor.worker.runner.kernel_sampling = True
+    expected = eager.generate(inputs, params, use_tqdm=False)
+    llm = _llm(model_dir, speculative_config=spec, seed=5)
+    worker = llm.engine.executor.worker
+    worker.runner.kernel_sampling = True
+    graphs = CudaGraphRunner(worker.model, 4, worker.max_model_len, 8, torch.device("cpu"), graph_cls=EagerGraph,
+                             query_lens=(1, 4), tree="speculative_token_tree" in spec, sample=True)
+    graphs.capture_all()
+    replayed: list[HostBatch] = []
+    original_run = graphs.run
+    graphs.run = lambda batch, graph, *args: replayed.append(batch) or original_run(batch, graph, *args)
+    worker.runner.graphs = graphs
+    sampled.clear()
+    out = llm.generate(inputs, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in expected]
+    got, want = out[0].outputs[0].logprobs, expected[0].outputs[0].logprobs  # the logits of a graph of 4-token rows
+    assert [{t: lp.rank for t, lp in d.items()} for d in got] == [{t: lp.rank for t, lp in d.items()} for d in want]
+    assert [lp.logprob for d in got for lp in d.values()] == pytest.approx(  # differ from the eager ones in the
+        [lp.logprob for d in want for lp in d.values()], abs=1e-5)  # last bits
+    assert sum(b.max_query_len > 1 for b in replayed) >= 2 and llm.engine.get_stats().spec.num_accepted_tokens > 0
+    assert len(sampled) == 1, sampled  # the prompts' step, eager: every replayed step sampled in its graph
+    llm.engine.check_integrity()
