@@ -122,8 +122,8 @@ class ModelRunner:
             return self._last
         req_ids, positions = host.sampling_req_ids, host.sample_positions
         if sampled is not None:
-            sampled = self._graph_sampled(logits, sampled, req_ids)
-            self._last = self._draft_after(self._pending(req_ids, sampled), scheduled, host, hidden)
+            tokens = self._graph_sampled(logits, sampled, req_ids)
+            self._last = self._draft_after(self._pending(req_ids, tokens), scheduled, host, hidden)
             return self._last
         try:
             out = self._sample(logits, req_ids, positions, argmax=argmax)
@@ -215,13 +215,12 @@ class ModelRunner:
             out = self._graph_sampled(plain_logits, _select_rows(sampled, plain_rows, self.device), plain)
             return self._pending(plain, out, failed, verified)
         try:
-            sampled = self._sample(plain_logits, plain, positions,
-                                   argmax=_select_rows(argmax, plain_rows, self.device))
+            out = self._sample(plain_logits, plain, positions, argmax=_select_rows(argmax, plain_rows, self.device))
         except Exception as err:  # noqa: BLE001 - one row's failure must not fail the batch
             if is_fatal(err):
                 raise
             return self._sample_isolating(plain_logits, plain, positions, err, failed, verified)
-        return self._pending(plain, sampled, failed, verified)
+        return self._pending(plain, out, failed, verified)
 
     def _verify_drafts(self, logits: torch.Tensor, spec: list[str], num_drafts: list[int],
                        draft_ids: list[int] | torch.Tensor, positions: list[int], argmax: torch.Tensor | None = None,
