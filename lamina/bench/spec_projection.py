@@ -29,13 +29,14 @@ from lamina.worker.input_batch import HostBatch
 
 
 def verify_batch(context: int, q: int, block_size: int) -> HostBatch:
-    """One request with `context` tokens cached, computing q more (blocks 1, 2, ...)."""
+    """One request with `context` tokens cached, computing q more (blocks 1, 2, ...); it samples nothing (no
+    request of that id is held: a graph copies its argmax, as for greedy rows)."""
     blocks = list(range(1, -(-(context + q) // block_size) + 1))
     positions = list(range(context, context + q))
     slots = [blocks[p // block_size] * block_size + p % block_size for p in positions]
     return HostBatch(input_ids=[1] * q, positions=positions, slot_mapping=slots, query_start_loc=[0, q],
                      seq_lens=[context + q], block_tables=[blocks], logits_indices=list(range(q)),
-                     sampling_req_ids=["r"], sample_positions=[context + 1], num_draft_tokens=[q - 1])
+                     sampling_req_ids=[], sample_positions=[], num_draft_tokens=[])
 
 
 @torch.inference_mode()
@@ -45,9 +46,9 @@ def step_ms(llm: LLM, batch: HostBatch, repeats: int) -> float:
     runner, cuda = worker.runner, worker.device.type == "cuda"
 
     def step() -> None:
-        hidden, logits, _ = runner._forward(batch, None)
-        if logits is None:  # a captured graph computes the logits of small batches itself
-            runner.model.compute_logits(hidden)
+        out = runner._forward(batch, None)
+        if out.logits is None:  # a captured graph computes the logits of small batches itself
+            runner.model.compute_logits(out.hidden)
     for _ in range(5):
         step()
     if cuda:
