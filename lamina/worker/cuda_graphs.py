@@ -96,7 +96,7 @@ class SlotSampling:
         """The sampling rows' host array (the module docstring's layout) for the first `num_slots` slots."""
         rows = np.zeros((4, num_slots), dtype=np.int64)
         rows[0, self.slots] = self.keys
-        floats = rows[1:].view(np.float64)  # float32 values, exact in float64: the kernel reads them back as float32
+        floats = rows[1:].view(np.float64)  # the kernel rounds each to float32, as torch.tensor(..., float32) does
         floats[0, self.slots], floats[1, self.slots] = self.temperature, self.top_p
         floats[2, self.slots] = self.min_p
         return rows

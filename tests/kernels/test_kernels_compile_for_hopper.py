@@ -213,3 +213,29 @@ def test_tensor_core_gemv_compiles_from_registers(bits: int) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     shared, mmas, conversions = map(int, done.stdout.split())
     assert shared == (4 if bits == 4 else 0) and conversions == 0 and mmas > 0, done.stdout
+
+
+SAMPLING_SCRIPT = textwrap.dedent('''
+    from lamina.kernels.sampling import BLOCK_V, NUM_WARPS, _sample_kernel
+    from tests.kernels.sm90 import compile_sm90
+
+    outside = {"logits_ptr": "*fp32", "temperature_ptr": "*fp32", "top_p_ptr": "*fp32", "min_p_ptr": "*fp32",
+               "kth_ptr": "*fp32", "seed_ptr": "*i64", "argmax_ptr": "*i64", "out_ptr": "*i64", "stride_row": "i64"}
+    in_graph = dict(outside, logits_ptr="*bf16", temperature_ptr="*fp64", top_p_ptr="*fp64", min_p_ptr="*fp64",
+                    kth_ptr="*fp64")
+    for name, types, flags in (
+            ("outside", outside, dict(HAS_TOP_P=True, HAS_MIN_P=True, HAS_KTH=True, HAS_ARGMAX=False)),
+            ("in_graph", in_graph, dict(HAS_TOP_P=True, HAS_MIN_P=True, HAS_KTH=False, HAS_ARGMAX=True))):
+        compiled = compile_sm90(_sample_kernel, dict(flags, vocab=151936, BLOCK=BLOCK_V), types,
+                                num_warps=NUM_WARPS)
+        assert compiled.asm["cubin"], name
+        print(name, "ok")
+''')
+
+
+def test_the_sampling_kernel_compiles_for_sm90_as_the_graphs_call_it() -> None:
+    """The sampling kernel as the sampler launches it (float32 rows, top-k), and as the CUDA graphs capture it
+    (lamina/worker/cuda_graphs.py: float64 parameter rows, each row's argmax given; greedy rows copy it)."""
+    done = run_compiled(SAMPLING_SCRIPT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["outside", "ok", "in_graph", "ok"]
