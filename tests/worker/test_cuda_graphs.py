@@ -222,20 +222,33 @@ def test_replayed_decode_steps_equal_eager(model_dir: str) -> None:
     llm.engine.check_integrity()
 
 
+def _sampler_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The rows of every sampling the Sampler does from now on (after a replay, or eagerly), one entry each."""
+    from lamina.layers.sampler import Sampler
+
+    calls: list[int] = []
+    original = Sampler._sample
+    monkeypatch.setattr(Sampler, "_sample", lambda self, logits, metadata: calls.append(len(logits)) or
+                        original(self, logits, metadata))
+    return calls
+
+
+def _kernel_sampling(llm: LLM) -> LLM:
+    """`llm` sampling with the Triton kernel (the interpreter on CPU), as on a GPU: graphs and eager steps draw the
+    same tokens from the same keys."""
+    llm.engine.executor.worker.runner.kernel_sampling = True
+    return llm
+
+
 def test_greedy_steps_replayed_take_the_graphs_argmax(model_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A greedy decode step replayed in a small bucket samples nothing itself: its tokens are the argmax the graph
     computed with the logits (no argmax launched from the host); a step with a repetition penalty, whose logits
     change first, samples them as before. Both give the eager engine's tokens."""
-    from lamina.layers.sampler import Sampler
-
     prompts = [[3, 9, 4, 1], [7, 7, 2]]
     plain = [SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)] * 2
     penalised = [SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, repetition_penalty=1.5)] * 2
     inputs = [{"prompt_token_ids": p} for p in prompts]
-    sampled: list[int] = []
-    original = Sampler._sample
-    monkeypatch.setattr(Sampler, "_sample", lambda self, logits, metadata: sampled.append(len(logits)) or
-                        original(self, logits, metadata))
+    sampled = _sampler_calls(monkeypatch)
     for params in (plain, penalised):
         eager = _llm(model_dir).generate(inputs, params, use_tqdm=False)
         llm = _llm(model_dir)
@@ -425,26 +438,18 @@ def test_sampled_steps_replayed_draw_inside_the_graph_as_eager_steps_draw(model_
     launch no sampling of their own (the graph drew them); a step with a row that uses top-k samples after the
     replay, as before, with the same tokens."""
     pytest.importorskip("triton")
-    from lamina.layers.sampler import Sampler
-
     prompts = [[3, 9, 4, 1], [7, 7, 2], [5, 1]]
     in_graph = [SamplingParams(temperature=0.8, seed=4, max_tokens=6, ignore_eos=True, logprobs=2),
                 SamplingParams(temperature=1.1, top_p=0.9, min_p=0.05, max_tokens=6, ignore_eos=True),
                 SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)]
     with_top_k = in_graph[:2] + [SamplingParams(temperature=0.7, top_k=5, max_tokens=6, ignore_eos=True)]
     inputs = [{"prompt_token_ids": p} for p in prompts]
-    sampled: list[int] = []
-    original = Sampler._sample
-    monkeypatch.setattr(Sampler, "_sample", lambda self, logits, metadata: sampled.append(len(logits)) or
-                        original(self, logits, metadata))
+    sampled = _sampler_calls(monkeypatch)
     for params in (in_graph, with_top_k):
-        eager = _llm(model_dir, seed=3)
-        eager.engine.executor.worker.runner.kernel_sampling = True  # the kernel on both sides: the same draws
-        expected = eager.generate(inputs, params, use_tqdm=False)
-        llm = _llm(model_dir, seed=3)
-        runner = llm.engine.executor.worker.runner
-        runner.kernel_sampling = True
+        expected = _kernel_sampling(_llm(model_dir, seed=3)).generate(inputs, params, use_tqdm=False)
+        llm = _kernel_sampling(_llm(model_dir, seed=3))
         worker = llm.engine.executor.worker
+        runner = worker.runner
         runner.graphs = CudaGraphRunner(worker.model, 4, worker.max_model_len, 8, torch.device("cpu"),
                                         graph_cls=EagerGraph, sample=True)
         runner.graphs.capture_all()
@@ -470,8 +475,6 @@ def test_sampled_verify_steps_replayed_draw_inside_the_graph_as_eager_steps_draw
     is the eager engine's, token for token, with no sampling launched after any replay (the sampling kernel on
     both sides, under the interpreter)."""
     pytest.importorskip("triton")
-    from lamina.layers.sampler import Sampler
-
     if spec.get("model") == "DRAFT":
         spec = {**spec, "model": str(perturbed_copy(model_dir, tmp_path / "draft"))}
     prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [7, 8, 9, 10, 7, 8], [(5 * j) % 64 + 1 for j in range(11)]]
@@ -479,16 +482,11 @@ def test_sampled_verify_steps_replayed_draw_inside_the_graph_as_eager_steps_draw
               SamplingParams(temperature=0.5, top_p=0.9, max_tokens=10, ignore_eos=True),
               SamplingParams(temperature=0, max_tokens=11, ignore_eos=True)]
     inputs = [{"prompt_token_ids": p} for p in prompts]
-    sampled: list[int] = []
-    original = Sampler._sample
-    monkeypatch.setattr(Sampler, "_sample", lambda self, logits, metadata: sampled.append(len(logits)) or
-                        original(self, logits, metadata))
-    eager = _llm(model_dir, speculative_config=spec, seed=5)
-    eager.engine.executor.worker.runner.kernel_sampling = True
-    expected = eager.generate(inputs, params, use_tqdm=False)
-    llm = _llm(model_dir, speculative_config=spec, seed=5)
+    sampled = _sampler_calls(monkeypatch)
+    expected = _kernel_sampling(_llm(model_dir, speculative_config=spec, seed=5)).generate(inputs, params,
+                                                                                          use_tqdm=False)
+    llm = _kernel_sampling(_llm(model_dir, speculative_config=spec, seed=5))
     worker = llm.engine.executor.worker
-    worker.runner.kernel_sampling = True
     graphs = CudaGraphRunner(worker.model, 4, worker.max_model_len, 8, torch.device("cpu"), graph_cls=EagerGraph,
                              query_lens=(1, 4), tree="speculative_token_tree" in spec, sample=True)
     graphs.capture_all()
