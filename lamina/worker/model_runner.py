@@ -19,14 +19,15 @@ from lamina.attention.metadata import set_attention_metadata
 from lamina.failures import is_fatal
 from lamina.kernels import compile_counter
 from lamina.kv.cache import attention_layers, move_kv
-from lamina.layers.sampler import Sampler, SamplerOutput, SamplingMetadata, compute_logprobs, uses_sampling_kernel
+from lamina.layers.sampler import Sampler, SamplerOutput, SamplingMetadata, uses_sampling_kernel
 from lamina.layers.sampling_metadata import min_tokens_mask, philox_keys
 from lamina.sampling_params import SamplingParams
 from lamina.spec.draft_tree import DraftTree
 from lamina.step import DRAFT_ON_DEVICE, ModelRunnerOutput, SchedulerOutput
 from lamina.worker.batch_state import BatchState
-from lamina.worker.cuda_graphs import CudaGraphRunner, GraphOutputs, SlotSampling
+from lamina.worker.cuda_graphs import CudaGraphRunner, GraphOutputs
 from lamina.worker.drafter import Drafter
+from lamina.worker.graph_sampling import graph_sampled, slot_sampling, split_by_drafts, verify_positions
 from lamina.worker.input_batch import DevicePatch, HostBatch, plan_batch, to_device
 from lamina.worker.pending_step import PendingStep, Verified
 from lamina.worker.penalty_state import PenaltyState
@@ -114,7 +115,7 @@ class ModelRunner:
         else:
             logits = logits[:len(hidden)]
             argmax = out.argmax[:len(hidden)] if self._all_greedy(host.sampling_req_ids) else None
-        sampled = None if out.sampled is None else out.sampled[:len(hidden)]  # the graph drew them (_slot_sampling)
+        sampled = None if out.sampled is None else out.sampled[:len(hidden)]  # the graph drew them (slot_sampling)
         if any(host.num_draft_tokens):
             draft_ids = host.draft_token_ids if drafts is None else drafts.values
             verify = self._verify(logits, argmax, host, draft_ids, sampled)
@@ -135,57 +136,10 @@ class ModelRunner:
         self._last = self._draft_after(self._pending(req_ids, out), scheduled, host, hidden)
         return self._last
 
-    def _slot_sampling(self, host: HostBatch) -> SlotSampling | None:
-        """What a graph that samples (CudaGraphRunner.samples) is to draw for this step: each logits row's key,
-        temperature, top-p and min-p at its slot, keyed as `_sample` keys it, call by call (a verify step's drafting
-        rows, salted, then its plain rows: `_verify`). None (the step samples after the replay, as any other) if a
-        row needs more (top-k, penalties, min_tokens: its logits change first), or if every row is greedy (the
-        graph's argmax)."""
-        held, vocab_size = self.states.requests, self.vocab_size
-        params = [held[r].sampling_params for r in host.sampling_req_ids]
-        if all(p.greedy for p in params) or not all(_samples_in_graph(p, held[r].num_output_tokens, vocab_size)
-                                                    for r, p in zip(host.sampling_req_ids, params)):
-            return None
-        num_rows = len(host.sampling_req_ids) + sum(host.num_draft_tokens)
-        keys, row_params = [0] * num_rows, [params[0]] * num_rows
-        for rows, req_ids, positions, salted in self._sampling_calls(host):
-            call_params = [held[r].sampling_params for r in req_ids]
-            for row, p in zip(rows, call_params):
-                row_params[row] = p
-            if not req_ids or all(p.greedy for p in call_params):
-                continue  # a call that draws nothing takes no step key (_philox_keys)
-            seeds = [held[r].seed if salted else p.seed for r, p in zip(req_ids, call_params)]
-            for row, key in zip(rows, philox_keys(seeds, positions, self._step_keys.getrandbits(63))):
-                keys[row] = key
-        return SlotSampling(slots=host.logits_indices[:num_rows], keys=keys,
-                            temperature=[0.0 if p.greedy else p.temperature for p in row_params],
-                            top_p=[1.0 if p.greedy else p.top_p for p in row_params],
-                            min_p=[0.0 if p.greedy else p.min_p for p in row_params])
-
-    def _sampling_calls(self, host: HostBatch) -> list[tuple[list[int], list[str], list[int], bool]]:
-        """The step's sampling calls in the order `_execute` and `_verify` make them: (logits rows, the request of
-        each, the position it samples, salted)."""
-        plain, plain_rows, spec, spec_rows, num_drafts = _split_by_drafts(host.sampling_req_ids,
-                                                                          host.num_draft_tokens)
-        positions = [p for p, k in zip(host.sample_positions, host.num_draft_tokens) if k]
-        verify_rows = [r for r, k in zip(spec, num_drafts) for _ in range(k + 1)]
-        plain_positions = [p for p, k in zip(host.sample_positions, host.num_draft_tokens) if not k]
-        return [(spec_rows, verify_rows, self._verify_positions(positions, num_drafts), True),
-                (plain_rows, plain, plain_positions, False)]
-
-    def _verify_positions(self, positions: list[int], num_drafts: list[int]) -> list[int]:
-        """The position each verify row samples: request i's rows sample positions[i] + 0..k (a chain), or + the
-        depth of each tree node."""
-        offsets = (lambda k: range(k + 1)) if self.tree is None else (lambda k: (0, *self.tree.depths[:k]))
-        return [p + j for p, k in zip(positions, num_drafts) for j in offsets(k)]
-
     def _graph_sampled(self, logits: torch.Tensor, sampled: torch.Tensor, req_ids: list[str]) -> SamplerOutput:
-        """The tokens a graph sampled (copied: the next replay rewrites its buffer), with the rows' logprobs from
-        their raw logits, as the Sampler computes them."""
-        tokens = sampled.clone()
-        asked = [n for r in req_ids if (n := self.states.requests[r].sampling_params.logprobs) is not None]
-        logprobs = compute_logprobs(logits, tokens, max(asked)) if asked else None
-        return SamplerOutput(sampled_token_ids=tokens, logprobs=logprobs)
+        """graph_sampled for rows of `req_ids` (one each)."""
+        held = self.states.requests
+        return graph_sampled(logits, sampled, [held[r].sampling_params.logprobs for r in req_ids])
 
     def _all_greedy(self, req_ids: list[str]) -> bool:
         """Whether every request samples greedily (only then can a step take the argmax its graph computed)."""
@@ -199,7 +153,7 @@ class ModelRunner:
         any other step when a row raises); the others' k + 1 rows are verified by `_verify_drafts` (the target
         distribution exactly). `argmax`: each row's, when the graph computed it and every row is greedy (else
         None); `sampled`: every row's token, when the graph drew them (else None)."""
-        plain, plain_rows, spec, spec_rows, num_drafts = _split_by_drafts(host.sampling_req_ids,
+        plain, plain_rows, spec, spec_rows, num_drafts = split_by_drafts(host.sampling_req_ids,
                                                                           host.num_draft_tokens)
         positions = [p for p, k in zip(host.sample_positions, host.num_draft_tokens) if k]
         verified, failed = self._verify_drafts(_select_rows(logits, spec_rows, self.device), spec, num_drafts,
@@ -233,7 +187,7 @@ class ModelRunner:
         rows = [r for r, k in zip(spec, num_drafts) for _ in range(k + 1)]
         try:
             out = (self._graph_sampled(logits, sampled, rows) if sampled is not None else
-                   self._sample(logits, rows, self._verify_positions(positions, num_drafts), salted=True,
+                   self._sample(logits, rows, verify_positions(positions, num_drafts, self.tree), salted=True,
                                 argmax=argmax))
         except Exception as err:  # noqa: BLE001 - the drafting requests end with the error, the others go on
             if is_fatal(err):
@@ -353,7 +307,10 @@ class ModelRunner:
         `ahead_ids` overwrite the input ids, `drafts` some of them."""
         graph = None if self.graphs is None else self.graphs.graph_for(host)
         if graph is not None:
-            sampling = self._slot_sampling(host) if self.graphs.samples(graph) else None
+            sampling = None
+            if self.graphs.samples(graph):
+                sampling = slot_sampling(host, self.states.requests, self.vocab_size, self.tree,
+                                         lambda: self._step_keys.getrandbits(63))
             out = self.graphs.run(host, graph, ahead_ids, drafts, sampling)
             # all rows, unless a one-token prompt chunk rides among the decodes (it samples nothing)
             rows = host.logits_indices
@@ -378,13 +335,6 @@ class ModelRunner:
         return philox_keys(seeds, positions, self._step_keys.getrandbits(63))
 
 
-def _samples_in_graph(params: SamplingParams, num_output_tokens: int, vocab_size: int) -> bool:
-    """Whether a row's token can be drawn inside a CUDA graph (the sampling kernel's temperature, top-p and min-p
-    only): no top-k below the vocabulary, no penalties, no min_tokens still to reach."""
-    return (not params.has_penalties and num_output_tokens >= params.min_tokens
-            and (params.greedy or params.top_k <= 0 or params.top_k >= vocab_size))
-
-
 def _seeded_generators(seeds: list[int | None], positions: list[int],
                        device: torch.device) -> dict[int, torch.Generator]:
     """Row -> a generator of each row with a seed (BatchState's: the request's, or its salt) on the torch
@@ -394,20 +344,3 @@ def _seeded_generators(seeds: list[int | None], positions: list[int],
     keys = philox_keys(seeds, positions, step_key=0)
     return {row: torch.Generator(device).manual_seed(key % 2**64)
             for row, (seed, key) in enumerate(zip(seeds, keys)) if seed is not None}
-
-
-def _split_by_drafts(req_ids: list[str], num_drafts: list[int]
-                     ) -> tuple[list[str], list[int], list[str], list[int], list[int]]:
-    """(requests without drafts, their logits rows, requests with drafts, their k + 1 rows each, their k)."""
-    plain, plain_rows, spec, spec_rows, spec_k = [], [], [], [], []
-    row = 0
-    for req_id, k in zip(req_ids, num_drafts):
-        if k:
-            spec.append(req_id)
-            spec_rows.extend(range(row, row + k + 1))
-            spec_k.append(k)
-        else:
-            plain.append(req_id)
-            plain_rows.append(row)
-        row += k + 1
-    return plain, plain_rows, spec, spec_rows, spec_k
