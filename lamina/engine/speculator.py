@@ -292,11 +292,12 @@ class Speculator:
     @staticmethod
     def _looks_pay(running: list[Request]) -> bool:
         """FULL, n-gram: whether looking ahead pays (else the step after the next waits for the next one's tokens
-        even with no match in sight): only while every request is greedy. On an H100 at batch 1 a sampled step
-        launched ahead cost ~0.37 ms against ~0.40 waited for (its host work, the sampling's, hides the device's), a
-        greedy one ~0.24 against ~0.31, and a look misses the matches that begin with the token in flight: looking
-        ahead, the default ran 6-9 % faster than k fixed greedy and 1-15 % slower at T = 0.6 (docs/BENCHMARKS.md,
-        thirty-seventh session)."""
+        even with no match in sight): only while every request is greedy. A look misses the matches that begin with
+        the token in flight; on an H100 at batch 1 it made the default 6-9 % faster than k fixed greedy and 1-15 %
+        slower at T = 0.6 (thirty-seventh session: a sampled step launched ahead cost ~0.37 ms, its sampling's host
+        work hiding the device's). With the graphs sampling (~0.27 ms), looking for sampled requests too ran 1.37 /
+        1.13 / 1.09x of off against 1.29 / 1.20 / 1.07x without (code / chat / prose, thirty-ninth session): not
+        ahead on every set (docs/BENCHMARKS.md)."""
         return all(r.sampling_params.greedy for r in running)
 
     def _match_in_sight(self, running: list[Request]) -> bool:
