@@ -184,9 +184,10 @@ class Speculator:
         always (k fixed; a worker-side proposer's FULL window) or while the tokens read so far hold a match
         (n-gram's FULL window: the module docstring), and with it whenever a decision is due (not during a pause
         or a plain window)."""
-        if self._deciding() is None:
+        arm = self._arm()
+        if arm is Arm.FULL or self.policy is None:  # drafting without the policy (_deciding() is None)
             return self._next_waits or not self._looks_ahead()
-        return not (self._rest.left or self._plain())
+        return not (self._rest.left or arm is Arm.PLAIN)
 
     def _looks_ahead(self) -> bool:
         """Whether steps launch ahead while no match is in sight: n-gram in the gate's FULL windows."""
@@ -194,6 +195,11 @@ class Speculator:
 
     def _plain(self) -> bool:
         return self.gate is not None and self.gate.plain
+
+    def _arm(self) -> Arm:
+        """The gate's current window's arm (SPEC without a gate). The per-step methods read it once: at batch 1 on
+        a GPU a step is the host's, and a plain window's step should cost the gate's accounting alone."""
+        return self.gate.arm if self.gate is not None else Arm.SPEC
 
     def _deciding(self) -> SpecPolicy | None:
         """The policy, unless the gate's window drafts without it (FULL) or there is none (k fixed)."""
@@ -251,15 +257,17 @@ class Speculator:
         self._observe_next = self.has_drafts = False
         self._emitted = sum(map(len, result.sampled_token_ids.values()))
         self._compiled = bool(result.num_compiles)
-        self._step_arm, self._next_arm = self._next_arm, self.gate.arm if self.gate is not None else Arm.SPEC
-        policy = self._deciding()
+        arm = self._arm()
+        self._step_arm, self._next_arm = self._next_arm, arm
+        policy = None if arm is Arm.FULL else self.policy  # _deciding()
         if next_guessed:
             self._observe_next = policy is not None and not result.num_compiles
             return
         # one step of the policy's pause passes (a plain window of the gate's leaves the pause as it is)
-        resting = policy is not None and (self._plain() or self._rest.resting())
+        plain = arm is Arm.PLAIN
+        resting = policy is not None and (plain or self._rest.resting())
         worker_drafts = self.proposer is None and bool(scheduled.scheduled_spec_decode_tokens or result.num_drafts)
-        if resting and not worker_drafts and (self.proposer is not None or self._plain()):
+        if resting and not worker_drafts and (self.proposer is not None or plain):
             # nobody drafts (spec_token_ids were settled after the last verify step), and nothing is done per
             # request: a plain window's step costs the gate's accounting alone. (A worker-side proposer's steps in
             # the policy's own pause still sample the cost model: they are its plain steps.)
@@ -321,8 +329,9 @@ class Speculator:
         if decision is not None:
             self._observe_decision(decision, own_seconds)
         if self.gate is not None:
-            self.stats.plain_steps += self.gate.plain
-            self.stats.full_steps += self.gate.full
+            arm = self.gate.arm
+            self.stats.plain_steps += arm is Arm.PLAIN
+            self.stats.full_steps += arm is Arm.FULL
             self.gate.observe(len(scheduled.req_ids), self._emitted, step_seconds, self._step_arm,
                               countable=not self._compiled)
 
