@@ -301,11 +301,8 @@ class Speculator:
     def _looks_pay(running: list[Request]) -> bool:
         """FULL, n-gram: whether looking ahead pays (else the step after the next waits for the next one's tokens
         even with no match in sight): only while every request is greedy. A look misses the matches that begin with
-        the token in flight; on an H100 at batch 1 it made the default 6-9 % faster than k fixed greedy and 1-15 %
-        slower at T = 0.6 (thirty-seventh session: a sampled step launched ahead cost ~0.37 ms, its sampling's host
-        work hiding the device's). With the graphs sampling (~0.27 ms), looking for sampled requests too ran 1.37 /
-        1.13 / 1.09x of off against 1.29 / 1.20 / 1.07x without (code / chat / prose, thirty-ninth session): not
-        ahead on every set (docs/BENCHMARKS.md)."""
+        the token in flight; measured on GPUs it pays for greedy requests, and for sampled ones not on every prompt
+        set (docs/speculative.md, "Looking ahead in FULL windows")."""
         return all(r.sampling_params.greedy for r in running)
 
     def _match_in_sight(self, running: list[Request]) -> bool:
