@@ -185,7 +185,7 @@ class Speculator:
         (n-gram's FULL window: the module docstring), and with it whenever a decision is due (not during a pause
         or a plain window)."""
         arm = self._arm()
-        if arm is Arm.FULL or self.policy is None:  # drafting without the policy (_deciding() is None)
+        if self._policy_in(arm) is None:
             return self._next_waits or not self._looks_ahead()
         return not (self._rest.left or arm is Arm.PLAIN)
 
@@ -194,7 +194,7 @@ class Speculator:
         return self.proposer is not None and self.gate is not None and self.gate.full
 
     def _plain(self) -> bool:
-        return self.gate is not None and self.gate.plain
+        return self._arm() is Arm.PLAIN
 
     def _arm(self) -> Arm:
         """The gate's current window's arm (SPEC without a gate). The per-step methods read it once: at batch 1 on
@@ -203,7 +203,11 @@ class Speculator:
 
     def _deciding(self) -> SpecPolicy | None:
         """The policy, unless the gate's window drafts without it (FULL) or there is none (k fixed)."""
-        return None if self.gate is not None and self.gate.full else self.policy
+        return self._policy_in(self._arm())
+
+    def _policy_in(self, arm: Arm) -> SpecPolicy | None:
+        """_deciding() for a window of `arm`, read once by the per-step methods."""
+        return None if arm is Arm.FULL else self.policy
 
     def before_step(self, scheduled: SchedulerOutput, requests: list[Request]) -> None:
         """Ask the worker for drafts of the requests whose scheduled range reaches their end."""
@@ -259,7 +263,7 @@ class Speculator:
         self._compiled = bool(result.num_compiles)
         arm = self._arm()
         self._step_arm, self._next_arm = self._next_arm, arm
-        policy = None if arm is Arm.FULL else self.policy  # _deciding()
+        policy = self._policy_in(arm)
         if next_guessed:
             self._observe_next = policy is not None and not result.num_compiles
             return
