@@ -31,6 +31,7 @@ from lamina.bench.concurrency import closed_loop_requests, steady_throughput
 from lamina.bench.cpu_report import cpu_bench_parser, run_info, write_report
 from lamina.bench import stalls
 from lamina.engine.drafts import SpecDecodeStats
+from lamina.engine.spec_gate import Arm
 
 PROMPT_SETS = {
     "code": ["def fibonacci(n):\n", "class Stack:\n    def __init__(self):\n", "def binary_search(xs, target):\n",
@@ -49,6 +50,9 @@ PROMPT_SETS = {
 TEMPERATURES = (0.0, 0.6)
 METHODS = ("ngram", "draft_model", "medusa", "early_exit", "eagle")
 FIXED = "-fixed"  # a label suffix: the method with the adaptive policy off
+# a label suffix: the method's gate held in plain windows (SpecGate.hold): its plain steps' cost against off's (a
+# measurement, not a configuration: it never drafts)
+PLAIN = "-plain"
 TREE = "+tree"  # a label suffix: tree drafts of BENCH_TREE's shape
 GUESS = {"+guess": True, "+noguess": False}  # label suffixes: n-gram's guess_ahead on / off (default: off)
 # three candidates for the next token, two after the first, one after the second, and the main chain to depth 3
@@ -73,10 +77,15 @@ def spec_config(label: str, k: int | None = None, models: Mapping[str, str] = DE
     label, guess = _guess_suffix(label)
     tree = label.endswith(TREE)
     label = label.removesuffix(TREE)
-    method = label.removesuffix(FIXED)
+    method = label.removesuffix(FIXED).removesuffix(PLAIN)
     shape = {"speculative_token_tree": BENCH_TREE} if tree else {} if k is None else {"num_speculative_tokens": k}
     config = {"method": method, **({"model": models[method]} if method in models else {}), **shape, **guess}
     return {**config, "adaptive": False} if label.endswith(FIXED) else config
+
+
+def held_plain(label: str) -> bool:
+    """Whether a bench label is METHOD-plain (its engine's gate is held in plain windows)."""
+    return _guess_suffix(label.partition("@")[0])[0].removesuffix(TREE).endswith(PLAIN)
 
 
 def _guess_suffix(label: str) -> tuple[str, dict]:
@@ -192,6 +201,9 @@ def run(model_dir: str, methods: list[str], k: int | None, new_tokens: int, batc
     labels = ["off", *(m for m in methods if m != CONTROL), *(m for m in methods if m == CONTROL)]
     configs = {label: None if label in ("off", CONTROL) else spec_config(label, k, models) for label in labels}
     engines = {label: LLM(model=model_dir, speculative_config=configs[label], **engine_args) for label in labels}
+    for label in labels:
+        if held_plain(label):
+            engines[label].engine.speculator.gate.hold(Arm.PLAIN)
     warm_up = [p for prompts in PROMPT_SETS.values() for p in prompts]  # every prompt length's kernels
     for llm in engines.values():
         llm.generate(warm_up, SamplingParams(max_tokens=8), use_tqdm=False)
@@ -299,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = cpu_bench_parser(__doc__)
     parser.add_argument("--methods", default="ngram",
                         help=f"comma-separated, of {', '.join(METHODS)}; METHOD{FIXED}: with k fixed (no policy); "
+                             f"METHOD{PLAIN}: held in plain windows (what its plain steps cost; it never drafts); "
                              f"{' / '.join(GUESS)}: n-gram's guess_ahead on / off (default: off); any with "
                              f"@K: num_speculative_tokens K (ngram@7); {CONTROL}: a second engine without "
                              "speculation, built last (the paired ratios' noise floor)")
@@ -317,11 +330,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     methods = _csv(args.methods, str)
     unknown = sorted(m for m in methods if m != CONTROL and (
-        _guess_suffix(m.partition("@")[0])[0].removesuffix(TREE).removesuffix(FIXED) not in METHODS
+        _guess_suffix(m.partition("@")[0])[0].removesuffix(TREE).removesuffix(FIXED).removesuffix(PLAIN) not in METHODS
         or not (m.partition("@")[2] or "3").isdigit()))
     if unknown:
-        parser.error(f"--methods: unknown {unknown}; allowed: {list(METHODS)}, each optionally with {FIXED}, "
-                     f"then {TREE}, then {' or '.join(GUESS)}, then @K; or {CONTROL} (a second engine without "
+        parser.error(f"--methods: unknown {unknown}; allowed: {list(METHODS)}, each optionally with {FIXED} or "
+                     f"{PLAIN}, then {TREE}, then {' or '.join(GUESS)}, then @K; or {CONTROL} (a second engine without "
                      "speculation)")
     prompt_sets = _csv(args.prompt_sets, str)
     if unknown_sets := sorted(set(prompt_sets) - PROMPT_SETS.keys()):

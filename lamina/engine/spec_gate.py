@@ -188,6 +188,7 @@ class SpecGate:
         self.modes: dict[int, BucketState] = {}  # a speculating window's mode: FULL against SPEC (full=True)
         self.window_log: list[WindowRecord] | None = None
         self._arm = Arm.SPEC
+        self._held: Arm | None = None  # hold's arm: every window runs in it
         self._bucket: int | None = None  # the window's bucket
         self._steps = 0  # steps of the window so far
         self._counted: list[tuple[int, float]] = []  # (tokens, seconds) of the window's counted steps
@@ -206,6 +207,15 @@ class SpecGate:
     def full(self) -> bool:
         """Whether the current window drafts without the policy (up to k for every request that may draft)."""
         return self._arm is Arm.FULL
+
+    def hold(self, arm: Arm | None) -> None:
+        """Run every window in `arm` from now on (None: choose by the buckets' states again). A measurement's
+        switch, not a policy: the bench's METHOD-plain rows hold PLAIN to show what a plain window's step costs
+        against an engine without speculation (lamina/bench/spec.py). Held windows are logged, not recorded; the
+        window so far is dropped (the next step starts one), so none spans a change of hold; after hold(None) the
+        next step speculates, as a new gate's first."""
+        self._held, self._bucket = arm, None
+        self._arm = Arm.SPEC if arm is None else arm
 
     def observe(self, num_rows: int, num_tokens: int, seconds: float, arm: Arm, countable: bool = True) -> None:
         """One step of `num_rows` rows emitted `num_tokens` tokens in `seconds`. `arm`: the arm its drafts were
@@ -226,6 +236,9 @@ class SpecGate:
     def _start_window(self, bucket: int) -> None:
         self._bucket, self._steps, self._counted = bucket, 0, []
         self._arm = self.buckets.setdefault(bucket, BucketState()).next_arm()
+        if self._held is not None:
+            self._arm = self._held
+            return
         if self._arm is Arm.SPEC and self.full_arm:
             if bucket not in self.modes:
                 self.modes[bucket] = BucketState(Arm.FULL, Arm.SPEC, full_margin(bucket), leader=Arm.SPEC)
@@ -236,7 +249,7 @@ class SpecGate:
             return
         counted = without_stalls(self._counted)
         tokens, seconds = sum(t for t, _ in counted), sum(s for _, s in counted)
-        recorded = seconds > 0 and (complete or 2 * len(counted) >= self.window)
+        recorded = self._held is None and seconds > 0 and (complete or 2 * len(counted) >= self.window)
         if recorded:
             self._record(tokens / seconds)
         if self.window_log is not None:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from lamina.bench.spec import PROMPT_SETS, TEMPERATURES, main, turns
+from lamina.bench.spec import PROMPT_SETS, TEMPERATURES, held_plain, main, spec_config, turns
 from lamina.config import DEFAULT_SPEC_TOKENS
 from tests.helpers.tiny_models import make_tiny_model
 from tests.helpers.tiny_tokenizer import save_tiny_tokenizer
@@ -61,6 +61,24 @@ def test_spec_bench_runs_the_prompt_sets_asked(tmp_path):
                  "1", "--prompt-sets", "chat", "--disable-tqdm", "--result-file", str(result)]) == 0
     rows = json.loads(result.read_text())["results"]["off"]["batch_one"]
     assert [(r["prompts"], r["temperature"]) for r in rows] == [("chat", t) for t in TEMPERATURES]
+
+
+def test_a_plain_label_holds_its_engine_in_plain_windows(tmp_path):
+    """METHOD-plain: the method's own config, its engine's gate held in plain windows (SpecGate.hold): it verifies
+    no draft, and every step is a plain window's."""
+    assert spec_config("ngram-plain@5") == {"method": "ngram", "num_speculative_tokens": 5}
+    assert held_plain("ngram-plain@5") and held_plain("ngram-plain+guess") and not held_plain("ngram-fixed")
+    model = make_tiny_model("llama", tmp_path / "m", vocab_size=320)
+    save_tiny_tokenizer(model, vocab_size=300)
+    result = tmp_path / "spec.json"
+    assert main(["--model", str(model), "--new-tokens", "12", "--batch-sizes", "", "--concurrency", "", "--repeats",
+                 "1", "--prompt-sets", "code", "--methods", "ngram-plain", "--disable-tqdm",
+                 "--result-file", str(result)]) == 0
+    report = json.loads(result.read_text())
+    assert report["speculative_configs"]["ngram-plain"] == {"method": "ngram"}
+    for row in report["results"]["ngram-plain"]["batch_one"]:
+        assert row["acceptance_rate"] == 0 and "verify" not in row["steps"]
+        assert row["plain_steps"] == sum(row["steps"].values())
 
 
 @pytest.mark.parametrize("flag", [["--methods", "ngram,magic"], ["--prompt-sets", "code,poetry"]])

@@ -348,3 +348,31 @@ def test_full_windows_do_not_look_ahead_while_a_request_samples(tmp_path) -> Non
     assert len(got[0].outputs[0].token_ids) == 60 and len(kinds) > 10
     assert "decode ahead" not in kinds and llm.engine.get_stats().spec.full_steps >= len(kinds) - 2
     llm.engine.check_integrity()
+
+
+def test_a_held_arm_runs_every_window_and_records_none() -> None:
+    """hold(PLAIN) where speculation is twice as fast: every window plain, none recorded in the buckets' states
+    (logged, not recorded); hold(None) lets the states choose again from the next window."""
+    gate = SpecGate(full=True)
+    gate.window_log = []
+    gate.hold(Arm.PLAIN)
+    assert gate.plain
+    assert run(gate, 40, {Arm.FULL: 2000.0, Arm.SPEC: 2000.0, Arm.PLAIN: 1000.0}.get) == "P" * 40
+    assert gate.buckets[1].advantage is None and gate.buckets[1].first_windows == gate.buckets[1].second_windows == 0
+    assert len(gate.window_log) == 40 and not any(w.recorded for w in gate.window_log)
+    gate.hold(None)
+    rates = {Arm.FULL: 2000.0, Arm.SPEC: 2000.0, Arm.PLAIN: 1000.0}.get
+    assert run(gate, 8, rates) == run(SpecGate(full=True), 8, rates) != "P" * 8
+
+
+def test_an_engine_held_plain_drafts_nothing_and_matches_off(tmp_path) -> None:
+    """The gate held in PLAIN (the bench's METHOD-plain rows): n-gram on a repeating prompt drafts nothing and
+    the greedy tokens are off's."""
+    model, params, reference = greedy_reference(tmp_path, max_tokens=24)
+    llm = tiny_llm(model, speculative_config=NGRAM_K3)
+    llm.engine.speculator.gate.hold(Arm.PLAIN)
+    outputs = llm.generate(REPEATING, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in reference]
+    spec = llm.engine.get_stats().spec
+    assert spec.num_draft_tokens == 0 and spec.plain_steps >= 23
+    llm.engine.check_integrity()
