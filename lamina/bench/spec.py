@@ -77,7 +77,7 @@ def spec_config(label: str, k: int | None = None, models: Mapping[str, str] = DE
     label, guess = _guess_suffix(label)
     tree = label.endswith(TREE)
     label = label.removesuffix(TREE)
-    method = label.removesuffix(FIXED).removesuffix(PLAIN)
+    method = _method(label)
     shape = {"speculative_token_tree": BENCH_TREE} if tree else {} if k is None else {"num_speculative_tokens": k}
     config = {"method": method, **({"model": models[method]} if method in models else {}), **shape, **guess}
     return {**config, "adaptive": False} if label.endswith(FIXED) else config
@@ -85,7 +85,18 @@ def spec_config(label: str, k: int | None = None, models: Mapping[str, str] = DE
 
 def held_plain(label: str) -> bool:
     """Whether a bench label is METHOD-plain (its engine's gate is held in plain windows)."""
-    return _guess_suffix(label.partition("@")[0])[0].removesuffix(TREE).endswith(PLAIN)
+    return _base_label(label).endswith(PLAIN)
+
+
+def _method(label: str) -> str:
+    """The speculative method a bench label names (one of FIXED and PLAIN taken off)."""
+    base = _base_label(label)
+    return next((base.removesuffix(s) for s in (FIXED, PLAIN) if base.endswith(s)), base)
+
+
+def _base_label(label: str) -> str:
+    """METHOD, METHOD-fixed or METHOD-plain: the label without @K, a GUESS suffix and +tree."""
+    return _guess_suffix(label.partition("@")[0])[0].removesuffix(TREE)
 
 
 def _guess_suffix(label: str) -> tuple[str, dict]:
@@ -330,8 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     methods = _csv(args.methods, str)
     unknown = sorted(m for m in methods if m != CONTROL and (
-        _guess_suffix(m.partition("@")[0])[0].removesuffix(TREE).removesuffix(FIXED).removesuffix(PLAIN) not in METHODS
-        or not (m.partition("@")[2] or "3").isdigit()))
+        _method(m) not in METHODS or not (m.partition("@")[2] or "3").isdigit()))
     if unknown:
         parser.error(f"--methods: unknown {unknown}; allowed: {list(METHODS)}, each optionally with {FIXED} or "
                      f"{PLAIN}, then {TREE}, then {' or '.join(GUESS)}, then @K; or {CONTROL} (a second engine without "

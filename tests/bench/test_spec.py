@@ -81,7 +81,8 @@ def test_a_plain_label_holds_its_engine_in_plain_windows(tmp_path):
         assert row["plain_steps"] == sum(row["steps"].values())
 
 
-@pytest.mark.parametrize("flag", [["--methods", "ngram,magic"], ["--prompt-sets", "code,poetry"]])
+@pytest.mark.parametrize("flag", [["--methods", "ngram,magic"], ["--methods", "ngram-plain-fixed"],
+                                  ["--prompt-sets", "code,poetry"]])
 def test_spec_bench_rejects_an_unknown_name(flag, capsys):
     with pytest.raises(SystemExit):
         main([*flag, "--disable-tqdm"])

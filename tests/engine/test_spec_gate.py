@@ -352,7 +352,7 @@ def test_full_windows_do_not_look_ahead_while_a_request_samples(tmp_path) -> Non
 
 def test_a_held_arm_runs_every_window_and_records_none() -> None:
     """hold(PLAIN) where speculation is twice as fast: every window plain, none recorded in the buckets' states
-    (logged, not recorded); hold(None) lets the states choose again from the next window."""
+    (logged, not recorded); after hold(None) the gate chooses as if it had never been held."""
     gate = SpecGate(full=True)
     gate.window_log = []
     gate.hold(Arm.PLAIN)
@@ -366,13 +366,14 @@ def test_a_held_arm_runs_every_window_and_records_none() -> None:
 
 
 def test_an_engine_held_plain_drafts_nothing_and_matches_off(tmp_path) -> None:
-    """The gate held in PLAIN (the bench's METHOD-plain rows): n-gram on a repeating prompt drafts nothing and
-    the greedy tokens are off's."""
+    """The gate held in PLAIN (the bench's METHOD-plain rows): n-gram on a repeating prompt drafts nothing, every
+    step is a plain window's, and the greedy tokens are off's."""
     model, params, reference = greedy_reference(tmp_path, max_tokens=24)
     llm = tiny_llm(model, speculative_config=NGRAM_K3)
     llm.engine.speculator.gate.hold(Arm.PLAIN)
+    llm.engine.step_log = []
     outputs = llm.generate(REPEATING, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in reference]
     spec = llm.engine.get_stats().spec
-    assert spec.num_draft_tokens == 0 and spec.plain_steps >= 23
+    assert spec.num_draft_tokens == 0 and spec.plain_steps == len(llm.engine.step_log) == 24
     llm.engine.check_integrity()
