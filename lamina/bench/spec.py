@@ -69,9 +69,9 @@ DEMO_MODELS = {"draft_model": DEMO_DRAFT, "medusa": DEMO_MEDUSA, "eagle": DEMO_E
 
 def spec_config(label: str, k: int | None = None, models: Mapping[str, str] = DEMO_MODELS) -> dict:
     """The speculative_config of a bench label: a method, or METHOD-fixed for that method with k fixed (the
-    adaptive policy off: a tuned row); either may end in @K for num_speculative_tokens K instead of `k` (None:
-    the method's default), or in +tree for tree drafts of BENCH_TREE's shape; ``models``: the checkpoint of each
-    method that has one."""
+    adaptive policy off: a tuned row), or METHOD-plain (the method's own config: `run` holds its gate in plain
+    windows); any may end in @K for num_speculative_tokens K instead of `k` (None: the method's default), or in
+    +tree for tree drafts of BENCH_TREE's shape; ``models``: the checkpoint of each method that has one."""
     label, _, own_k = label.partition("@")
     k = int(own_k) if own_k else k
     label, guess = _guess_suffix(label)
