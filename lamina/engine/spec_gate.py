@@ -235,10 +235,11 @@ class SpecGate:
 
     def _start_window(self, bucket: int) -> None:
         self._bucket, self._steps, self._counted = bucket, 0, []
-        self._arm = self.buckets.setdefault(bucket, BucketState()).next_arm()
+        state = self.buckets.setdefault(bucket, BucketState())
         if self._held is not None:
             self._arm = self._held
             return
+        self._arm = state.next_arm()
         if self._arm is Arm.SPEC and self.full_arm:
             if bucket not in self.modes:
                 self.modes[bucket] = BucketState(Arm.FULL, Arm.SPEC, full_margin(bucket), leader=Arm.SPEC)

@@ -4,6 +4,7 @@ asked."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -13,13 +14,23 @@ from tests.helpers.tiny_models import make_tiny_model
 from tests.helpers.tiny_tokenizer import save_tiny_tokenizer
 
 
-def test_spec_bench_writes_rows_for_every_engine(tmp_path, capsys):
+def tiny_bench_model(tmp_path: Path) -> Path:
+    """A tiny llama with a tokenizer, for the bench's prompts."""
     model = make_tiny_model("llama", tmp_path / "m", vocab_size=320)
     save_tiny_tokenizer(model, vocab_size=300)
+    return model
+
+
+def run_bench(model: Path, tmp_path: Path, *args: str) -> dict:
+    """The bench's JSON report of one run over `model` with `args`."""
     result = tmp_path / "spec.json"
-    assert main(["--model", str(model), "--new-tokens", "6", "--batch-sizes", "1,3", "--concurrency", "2",
-                 "--repeats", "2", "--disable-tqdm", "--result-file", str(result)]) == 0
-    results = json.loads(result.read_text())["results"]
+    assert main(["--model", str(model), *args, "--disable-tqdm", "--result-file", str(result)]) == 0
+    return json.loads(result.read_text())
+
+
+def test_spec_bench_writes_rows_for_every_engine(tmp_path, capsys):
+    results = run_bench(tiny_bench_model(tmp_path), tmp_path, "--new-tokens", "6", "--batch-sizes", "1,3",
+                        "--concurrency", "2", "--repeats", "2")["results"]
     assert list(results) == ["off", "ngram"]
     for label, result in results.items():
         rows = result["batch_one"]
@@ -46,20 +57,15 @@ NGRAM_K = DEFAULT_SPEC_TOKENS["ngram"]
 
 def test_spec_bench_runs_the_prompt_sets_asked(tmp_path):
     """Only the rows asked; `control` is a second engine without speculation (the paired ratios' noise floor)."""
-    model = make_tiny_model("llama", tmp_path / "m", vocab_size=320)
-    save_tiny_tokenizer(model, vocab_size=300)
-    result = tmp_path / "spec.json"
-    assert main(["--model", str(model), "--new-tokens", "4", "--batch-sizes", "2", "--concurrency", "", "--repeats",
-                 "1", "--prompt-sets", "", "--methods", "ngram,control", "--disable-tqdm",
-                 "--result-file", str(result)]) == 0
-    report = json.loads(result.read_text())
+    model = tiny_bench_model(tmp_path)
+    report = run_bench(model, tmp_path, "--new-tokens", "4", "--batch-sizes", "2", "--concurrency", "", "--repeats",
+                       "1", "--prompt-sets", "", "--methods", "ngram,control")
     results = report["results"]
     assert list(results) == ["off", "ngram", "control"] and report["speculative_configs"]["control"] is None
     assert all(not r["batch_one"] and [t["batch_size"] for t in r["throughput"]] == [2] and not r["concurrency"]
                for r in results.values())
-    assert main(["--model", str(model), "--new-tokens", "4", "--batch-sizes", "", "--concurrency", "", "--repeats",
-                 "1", "--prompt-sets", "chat", "--disable-tqdm", "--result-file", str(result)]) == 0
-    rows = json.loads(result.read_text())["results"]["off"]["batch_one"]
+    rows = run_bench(model, tmp_path, "--new-tokens", "4", "--batch-sizes", "", "--concurrency", "", "--repeats", "1",
+                     "--prompt-sets", "chat")["results"]["off"]["batch_one"]
     assert [(r["prompts"], r["temperature"]) for r in rows] == [("chat", t) for t in TEMPERATURES]
 
 
@@ -68,13 +74,8 @@ def test_a_plain_label_holds_its_engine_in_plain_windows(tmp_path):
     no draft, and every step is a plain window's."""
     assert spec_config("ngram-plain@5") == {"method": "ngram", "num_speculative_tokens": 5}
     assert held_plain("ngram-plain@5") and held_plain("ngram-plain+guess") and not held_plain("ngram-fixed")
-    model = make_tiny_model("llama", tmp_path / "m", vocab_size=320)
-    save_tiny_tokenizer(model, vocab_size=300)
-    result = tmp_path / "spec.json"
-    assert main(["--model", str(model), "--new-tokens", "12", "--batch-sizes", "", "--concurrency", "", "--repeats",
-                 "1", "--prompt-sets", "code", "--methods", "ngram-plain", "--disable-tqdm",
-                 "--result-file", str(result)]) == 0
-    report = json.loads(result.read_text())
+    report = run_bench(tiny_bench_model(tmp_path), tmp_path, "--new-tokens", "12", "--batch-sizes", "",
+                       "--concurrency", "", "--repeats", "1", "--prompt-sets", "code", "--methods", "ngram-plain")
     assert report["speculative_configs"]["ngram-plain"] == {"method": "ngram"}
     for row in report["results"]["ngram-plain"]["batch_one"]:
         assert row["acceptance_rate"] == 0 and "verify" not in row["steps"]
