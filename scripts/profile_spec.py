@@ -12,7 +12,8 @@ and, in brackets, the part of it the host spent in the step's `result()` (waitin
 proposer's drafting launch). --profiler torch: the device's kernels instead (torch.profiler: device time a step, by
 kernel); timeline: the device's busy stretches and the idle gaps between them (torch.profiler's timestamps: how much
 of a step the device waits for the host, and where); none: the step times alone, without a profiler's overhead.
---methods: bench labels (lamina.bench.spec.spec_config: ngram, eagle, draft_model, eagle-fixed, ngram@3, ...).
+--methods: bench labels (lamina.bench.spec.spec_config: ngram, eagle, draft_model, eagle-fixed, ngram@3, ...;
+METHOD-plain holds that engine's gate in plain windows, as the bench does).
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ import time
 
 import torch
 from lamina import DEMO_MODEL, LLM, SamplingParams
-from lamina.bench.spec import PROMPT_SETS, spec_config
+from lamina.bench.spec import PROMPT_SETS, held_plain, spec_config
+from lamina.engine.spec_gate import Arm
 
 PROMPT = "def fibonacci(n):\n"
 
@@ -85,6 +87,8 @@ def print_timeline(profiler: torch.profiler.profile, steps: int, show: int = 24)
 
 def profile(label: str, spec: dict | None, args: argparse.Namespace) -> None:
     llm = LLM(model=args.model, speculative_config=spec, gpu_memory_utilization=0.3)
+    if held_plain(label):
+        llm.engine.speculator.gate.hold(Arm.PLAIN)
     prompts = prompts_for(args.batch_size, args.prompt)
     llm.generate(prompts, SamplingParams(max_tokens=16), use_tqdm=False)
     for temperature in (0.0, 0.6) if args.batch_size == 1 else (0.6,):

@@ -5,8 +5,9 @@
                 -> [async_scheduling: Scheduler.schedule_ahead -> Executor.execute_model of the next step]
                 -> StepFuture.result -> Scheduler.update_from_output
                 -> [speculation: Speculator.after_tokens sets the next step's drafts; async_scheduling: the next
-                   step is scheduled and launched now, unless it was launched ahead (after a step verifying
-                   n-gram drafts: on the guess that all are accepted, Scheduler.schedule_guessed)]
+                   step is scheduled and launched now (LLMEngine._launches_early), unless it was launched ahead
+                   (after a step verifying n-gram drafts: on the guess that all are accepted,
+                   Scheduler.schedule_guessed)]
                 -> OutputProcessor (detokenize, stop strings, outputs in each request's output_kind)
 
 The engine owns the requests; the executor's worker(s) own their copies of them and every tensor.
@@ -14,7 +15,8 @@ The engine owns the requests; the executor's worker(s) own their copies of them 
 With async scheduling the step launched ahead (or early, after the tokens it follows) is the next call's
 step: its device work overlaps this call's host work (reading tokens, stop checks, detokenizing, building
 outputs). A step with drafts cannot be launched ahead (its drafts follow this step's tokens) but is launched
-early, so that its device work still overlaps this step's outputs.
+early, so that its device work still overlaps this step's outputs; so is a step without drafts that waited for
+the speculator's decision, unless a request ended or waits (the caller may add requests once it sees one end).
 
 A step that raises ends its requests with finish_reason "error" (one row's sampling: that request only),
 frees their blocks, and the engine goes on; a lost device or repeated failures raise EngineBrokenError
@@ -181,10 +183,7 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.after_tokens(scheduled, result, self.scheduler.running, next_guessed=guessed,
                                          next_launched=self._inflight is not None)
-            if self.config.async_scheduling and self._inflight is None and self.speculator.has_drafts:
-                # the next step's drafts are known: launch it now, its device work under this step's outputs.
-                # Without drafts the next step waits for the outputs, as without speculation: the caller may
-                # add requests once it sees some end, and that step admits them.
+            if self.config.async_scheduling and self._inflight is None and self._launches_early(step):
                 self._inflight = self._launch(self._schedule(), ahead=False)
         outputs = self.output_processor.process(changed, self._stop_string_found)
         # The step's time: this call's, less the launch of the step after it, plus its own launch when that
@@ -209,6 +208,17 @@ class LLMEngine:
             return self.scheduler.schedule_ahead(step.scheduled)
         continuations = speculator.continuations(step.scheduled, step.requests)
         return self.scheduler.schedule_guessed(step.scheduled, continuations) if continuations else None
+
+    def _launches_early(self, step: InflightStep) -> bool:
+        """Whether the step after `step` (with speculation, not launched ahead) is launched now, once `step`'s
+        tokens are read and the speculator has decided its drafts, so that its device work runs under `step`'s
+        outputs: when it verifies drafts, or when it has none and no output need reach the caller first (no
+        request of `step` ended, none waits to be admitted). Else it waits for the outputs, as without
+        speculation: the caller may add requests once it sees some end, and that step admits them."""
+        if self.speculator.has_drafts:
+            return True
+        scheduler = self.scheduler
+        return bool(scheduler.running) and not scheduler.waiting and not any(r.is_finished for r in step.requests)
 
     def _guesses_held(self, guessed: SchedulerOutput) -> bool:
         """Whether the tokens just read bear out any guess of `guessed` (launched on guesses); each request's

@@ -195,3 +195,26 @@ def test_a_seeded_request_samples_the_same_tokens_with_and_without_drafts(model_
     seeded = [SamplingParams(temperature=0.5, top_k=5, seed=s, max_tokens=30, ignore_eos=True) for s in range(6)]
     spec = run(model_dir, seeded, True)
     assert spec == run(model_dir, seeded, False)
+
+
+def test_a_step_without_drafts_is_launched_before_the_outputs_while_no_request_ends(model_dir: str) -> None:
+    """With drafts decided every step (k fixed), each step waits for the tokens of the one before; once they are
+    read and the speculator has decided, the next step is launched before this step's outputs are made, drafts or
+    none, while no request ends (when one does, the caller may add requests first: tests/engine/test_spec_gate.py's
+    closed loop). Regression: a step without drafts waited for the outputs, its device idle meanwhile. Every call
+    but the last leaves a step in flight."""
+    llm = LLM(model=model_dir, speculative_config=SPEC, block_size=4, num_kv_blocks=200, max_model_len=128)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    want = LLM(model=model_dir, block_size=4, num_kv_blocks=200, max_model_len=128).generate(
+        PROMPTS[1], params, use_tqdm=False)[0].outputs[0].token_ids
+    engine = llm.engine
+    engine.add_request(PROMPTS[1], params)
+    engine.step_log, in_flight, tokens = [], [], []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens = out.outputs[0].token_ids
+        in_flight.append(engine._inflight is not None)
+    kinds = [s.kind for s in engine.step_log]
+    assert tokens == want and "verify" in kinds and "decode" in kinds  # steps with drafts and without
+    assert in_flight[:-1] == [True] * (len(in_flight) - 1) and in_flight[-1] is False
+    engine.check_integrity()
