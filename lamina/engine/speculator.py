@@ -312,10 +312,9 @@ class Speculator:
     def _match_in_sight(self, running: list[Request]) -> bool:
         """Whether any request that may draft has a match in the tokens read so far (a look: its drafts would
         follow the token the step in flight samples, so none is kept; the requests' drafts stay as they are)."""
-        caps = [max_drafts(r, self.k, self.max_model_len, ahead=1) for r in running]
-        asking = [r for r, cap in zip(running, caps) if cap]
         self._arrays.keep_only({r.request_id for r in running})
-        return any(self.proposer.propose([self._arrays.of(r) for r in asking], [1] * len(asking)))
+        return any(self.proposer.has_match(self._arrays.of(r)) for r in running
+                   if max_drafts(r, self.k, self.max_model_len, ahead=1))
 
     def after_step(self, scheduled: SchedulerOutput, step_seconds: float) -> None:
         """The step's wall time, once its outputs are processed: the verify time, the policy's cost model, and

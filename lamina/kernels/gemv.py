@@ -17,6 +17,9 @@ reduced against every row of x (M is a constexpr: up to MAX_M accumulators, unro
 
     acc_m[BLOCK_N] += sum_k w[BLOCK_N, BLOCK_K] * x[m, BLOCK_K]
 
+Row m's sums are the same operations in the same order whatever M is (the config depends on N and K only), so
+a row's output does not depend on the rows beside it: a verify step's rows equal a one-row step's bit for bit.
+
 Rows past N are clamped to N - 1 for the loads (unmasked, vectorised) and masked at the store; K is
 masked only when BLOCK_K does not divide it (EVEN_K). SPLIT_K == 1 adds the bias and rounds in the
 epilogue. SPLIT_K > 1 writes fp32 partials to a workspace [SPLIT_K, M, N] and a second kernel, grid
@@ -37,7 +40,7 @@ import triton.language as tl
 
 from lamina.kernels import pdl
 
-MAX_M = 4
+MAX_M = 8
 INTERPRETER_SMS = 132  # CPU tensors (Triton's interpreter) plan as if on an H200, where the tiles were swept
 REDUCE_BLOCK = 256
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -165,6 +168,10 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, N, K, stride_xm, stride_w
     acc1 = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc3 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc4 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc5 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc6 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc7 = tl.zeros([BLOCK_N], dtype=tl.float32)
     for k in range(k_start, k_stop, BLOCK_K):
         offs_k = k + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
@@ -181,6 +188,14 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, N, K, stride_xm, stride_w
             acc2 = _accumulate(acc2, w, x_ptr + 2 * stride_xm, offs_k, k_mask, EVEN_K)
         if M > 3:
             acc3 = _accumulate(acc3, w, x_ptr + 3 * stride_xm, offs_k, k_mask, EVEN_K)
+        if M > 4:
+            acc4 = _accumulate(acc4, w, x_ptr + 4 * stride_xm, offs_k, k_mask, EVEN_K)
+        if M > 5:
+            acc5 = _accumulate(acc5, w, x_ptr + 5 * stride_xm, offs_k, k_mask, EVEN_K)
+        if M > 6:
+            acc6 = _accumulate(acc6, w, x_ptr + 6 * stride_xm, offs_k, k_mask, EVEN_K)
+        if M > 7:
+            acc7 = _accumulate(acc7, w, x_ptr + 7 * stride_xm, offs_k, k_mask, EVEN_K)
     pdl.wait(PDL)  # a split past K never entered the loop
     _finish_row(acc0, 0, rows, row_mask, b_ptr, out_ptr, ws_ptr, stride_om, N, M, HAS_BIAS, SPLIT_K)
     if M > 1:
@@ -189,6 +204,14 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ws_ptr, N, K, stride_xm, stride_w
         _finish_row(acc2, 2, rows, row_mask, b_ptr, out_ptr, ws_ptr, stride_om, N, M, HAS_BIAS, SPLIT_K)
     if M > 3:
         _finish_row(acc3, 3, rows, row_mask, b_ptr, out_ptr, ws_ptr, stride_om, N, M, HAS_BIAS, SPLIT_K)
+    if M > 4:
+        _finish_row(acc4, 4, rows, row_mask, b_ptr, out_ptr, ws_ptr, stride_om, N, M, HAS_BIAS, SPLIT_K)
+    if M > 5:
+        _finish_row(acc5, 5, rows, row_mask, b_ptr, out_ptr, ws_ptr, stride_om, N, M, HAS_BIAS, SPLIT_K)
+    if M > 6:
+        _finish_row(acc6, 6, rows, row_mask, b_ptr, out_ptr, ws_ptr, stride_om, N, M, HAS_BIAS, SPLIT_K)
+    if M > 7:
+        _finish_row(acc7, 7, rows, row_mask, b_ptr, out_ptr, ws_ptr, stride_om, N, M, HAS_BIAS, SPLIT_K)
 
 
 @triton.jit

@@ -111,17 +111,29 @@ def qk_norm_rotary_ops(q: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm,
 # decodes) cuBLAS beat it on every Llama-3-8B shape on the H200, e.g. gate_up 70 vs 126 us at 4 rows, the LM head
 # 258 vs 536 us (docs/notes/2026-12-01-h200-gemv-rows.txt); at 1 row the GEMV wins on qkv and gate_up.
 GEMV_MAX_ROWS = 1
+# ... except on small weights (at most this many elements: 8 MB of bf16), which the GEMV takes at up to its MAX_M
+# rows: there every kernel is a few microseconds of latency, and cuBLAS's, launched without PDL, end the overlap
+# of the kernels around them (a verify step of the demo model, whose weights are all small: lamina.kernels.pdl).
+GEMV_SMALL_WEIGHT = 1 << 22
 
 
 def gemv_for(x: torch.Tensor, weight: torch.Tensor, kernels: KernelChoice) -> ModuleType | None:
-    """lamina.kernels.gemv when `kernels.gemv`, x is a 16-bit CUDA tensor of 1..GEMV_MAX_ROWS rows, the
+    """lamina.kernels.gemv when `kernels.gemv`, x is a 16-bit CUDA tensor of 1..gemv_max_rows(weight) rows, the
     weight is contiguous and in x's dtype, and triton imports; else None (cuBLAS)."""
     if not (kernels.gemv and on_kernel_device(x) and x.dtype in GEMV_DTYPES
             and weight.dtype == x.dtype and weight.is_contiguous()):
         return None
     gemv = _gemv_module()
+    if gemv is None:
+        return None
     rows = x.numel() // max(1, x.shape[-1])
-    return gemv if gemv is not None and 1 <= rows <= min(GEMV_MAX_ROWS, gemv.MAX_M) else None
+    return gemv if 1 <= rows <= gemv_max_rows(weight, gemv.MAX_M) else None
+
+
+def gemv_max_rows(weight: torch.Tensor, most: int) -> int:
+    """The most rows of x that the GEMV takes for `weight`, given the kernel's limit `most`: all of them for a
+    small weight, GEMV_MAX_ROWS for a larger one."""
+    return most if weight.numel() <= GEMV_SMALL_WEIGHT else min(GEMV_MAX_ROWS, most)
 
 
 # Rows up to which a float32 CPU matmul x @ W.T may run as (W @ x.T).T (weight_major_for): where that is faster

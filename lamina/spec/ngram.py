@@ -89,19 +89,33 @@ class NgramProposer:
             matches[active[row]] = int(found[row])
         return drafts, matches
 
+    def has_match(self, seq: np.ndarray) -> bool:
+        """Whether `propose` finds drafts for the int64 sequence `seq` (given room for one): its last
+        prompt_lookup_min tokens occur earlier, ending before its last token, as every longer match's do. One byte
+        search, where `propose` measures the match it finds too."""
+        length = len(seq)
+        return length > self.prompt_lookup_min and _most_recent_end(seq.tobytes(), length,
+                                                                     self.prompt_lookup_min) >= 0
+
     def _propose_one(self, seq: np.ndarray, limit: int) -> tuple[list[int], int]:
-        """One request's (drafts, match length): the same search as the batched one, as byte searches (rfind) over
-        the sequence's int64 bytes, from the longest n down; a hit not on a token boundary is searched past."""
+        """One request's (drafts, match length): the same search as the batched one, as byte searches over the
+        sequence's int64 bytes (_most_recent_end), from the longest n down."""
         data, length = seq.tobytes(), len(seq)
         for n in range(min(self.prompt_lookup_max, length - 1), self.prompt_lookup_min - 1, -1):
-            suffix = data[(length - n) * 8:]
-            pos = data.rfind(suffix, 0, (length - 1) * 8)  # the occurrence ends before the last token
-            while pos > 0 and pos % 8:
-                pos = data.rfind(suffix, 0, pos + len(suffix) - 1)
-            if pos >= 0 and pos % 8 == 0:
-                end = pos // 8 + n - 1
+            end = _most_recent_end(data, length, n)
+            if end >= 0:
                 return seq[end + 1:min(end + 1 + limit, length)].tolist(), _match_length(seq, end, MEASURE_UP_TO)
         return [], 0
+
+
+def _most_recent_end(data: bytes, length: int, n: int) -> int:
+    """Where the most recent occurrence of the last n of the `length` int64 tokens in `data` ends, before the last
+    token (-1: nowhere): rfind over the bytes, a hit not on a token boundary searched past."""
+    suffix = data[(length - n) * 8:]
+    pos = data.rfind(suffix, 0, (length - 1) * 8)  # the occurrence ends before the last token
+    while pos > 0 and pos % 8:
+        pos = data.rfind(suffix, 0, pos + len(suffix) - 1)
+    return pos // 8 + n - 1 if pos >= 0 and pos % 8 == 0 else -1
 
 
 def _match_length(seq: np.ndarray, end: int, up_to: int) -> int:

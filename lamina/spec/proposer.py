@@ -35,7 +35,8 @@ class Proposer(Protocol):
 
     A proposer that copies drafts from an earlier match (n-gram) may also have `propose_with_matches(token_ids,
     max_drafts) -> (drafts, match lengths)`: the adaptive policy then judges each draft by its match's length
-    (lamina/engine/match_acceptance.py).
+    (lamina/engine/match_acceptance.py); and `has_match(token_ids[i]) -> bool`, whether `propose` would find
+    drafts for it, which the gate's FULL windows ask at every step launched ahead (lamina/engine/speculator.py).
     """
 
     def propose(self, token_ids: list[Sequence[int]], max_drafts: list[int]) -> list[list[int]]:

@@ -60,6 +60,16 @@ def test_matches_linear(config: GemvConfig, m: int) -> None:
     assert_close_elementwise(gemv(x, w, None, config), F.linear(x, w))
 
 
+@pytest.mark.parametrize("config", [None, SMALL_CONFIGS[-1]], ids=lambda c: "default" if c is None else c.name)
+def test_a_row_does_not_depend_on_the_rows_beside_it(config: GemvConfig | None) -> None:
+    """Each row of an M-row call equals that row computed alone, bit for bit (bf16, as a verify step's rows and a
+    one-row decode step of the same positions compute them)."""
+    x, w, b = _inputs(MAX_M, N, K, dtype=torch.bfloat16, seed=4)
+    together = gemv(x, w, b, config)
+    for m in range(MAX_M):
+        assert torch.equal(together[m:m + 1], gemv(x[m:m + 1], w, b, config)), m
+
+
 @pytest.mark.parametrize("n,k", [(5, 3), (1, 70), (33, 64)])
 def test_default_config_and_edge_shapes(n: int, k: int) -> None:
     """No config (default_config), tiny N (all rows clamped), K < one tile, K a multiple of the tile."""
@@ -184,12 +194,19 @@ def test_decode_rows_of_linear_layers_and_lm_head_take_the_gemv(monkeypatch: pyt
     qkv.bias.data.copy_(torch.randn(qkv.bias.shape, generator=gen))
     head = ParallelLMHead(50, 40)
     head.weight.data.copy_(torch.randn(head.weight.shape, generator=gen))
-    for rows in (1, dispatch.GEMV_MAX_ROWS, dispatch.GEMV_MAX_ROWS + 1, MAX_M + 1):
+    for rows in (1, MAX_M, MAX_M + 1):  # small weights: the GEMV up to its MAX_M rows, then cuBLAS
         x = torch.randn(rows, 40, generator=gen)
         torch.testing.assert_close(qkv(x), F.linear(x, qkv.weight, qkv.bias), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(head.compute_logits(x), F.linear(x, head.weight), atol=1e-5, rtol=1e-5)
+    assert calls == [1, 1, MAX_M, MAX_M]
+    small = min(qkv.weight.numel(), head.weight.numel()) - 1
+    monkeypatch.setattr(dispatch, "GEMV_SMALL_WEIGHT", small)  # both weights are now large ones
     limit = dispatch.GEMV_MAX_ROWS
-    assert calls == [1, 1, limit, limit]  # more rows: cuBLAS
+    for rows in (limit, limit + 1):
+        x = torch.randn(rows, 40, generator=gen)
+        torch.testing.assert_close(qkv(x), F.linear(x, qkv.weight, qkv.bias), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(head.compute_logits(x), F.linear(x, head.weight), atol=1e-5, rtol=1e-5)
+    assert calls == [1, 1, MAX_M, MAX_M, limit, limit]  # more rows of a large weight: cuBLAS
     off = KernelChoice(gemv=False)  # a model built with the GEMV off: cuBLAS at every batch size
     qkv_off = linear.QKVParallelLinear(40, 8, 3, 1, bias=True, kernels=off)
     head_off = ParallelLMHead(50, 40, kernels=off)
@@ -198,4 +215,4 @@ def test_decode_rows_of_linear_layers_and_lm_head_take_the_gemv(monkeypatch: pyt
     x = torch.randn(1, 40, generator=gen)
     torch.testing.assert_close(qkv_off(x), F.linear(x, qkv.weight, qkv.bias), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(head_off.compute_logits(x), F.linear(x, head.weight), atol=1e-5, rtol=1e-5)
-    assert calls == [1, 1, limit, limit]
+    assert calls == [1, 1, MAX_M, MAX_M, limit, limit]

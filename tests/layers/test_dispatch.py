@@ -97,13 +97,16 @@ def test_rotary_and_qk_norm_conditions() -> None:
 
 
 @pytest.mark.usefixtures("routed")
-def test_gemv_conditions() -> None:
-    weight = _zeros(6, 8)
-    limit = min(dispatch.GEMV_MAX_ROWS, GEMV.MAX_M)  # more rows: cuBLAS (measured faster, dispatch.py)
+def test_gemv_conditions(monkeypatch: pytest.MonkeyPatch) -> None:
+    weight, large = _zeros(6, 8), _zeros(7, 8)
+    monkeypatch.setattr(dispatch, "GEMV_SMALL_WEIGHT", weight.numel())  # `large` is past it
+    limit = min(dispatch.GEMV_MAX_ROWS, GEMV.MAX_M)  # more rows of a large weight: cuBLAS (measured, dispatch.py)
     for rows in (1, limit):
+        assert dispatch.gemv_for(_zeros(rows, 8), large, ON) is GEMV
+    assert dispatch.gemv_for(_zeros(1, 1, 8), large, ON) is GEMV  # rows counted over the leading dims
+    assert dispatch.gemv_for(_zeros(1, limit + 1, 8), large, ON) is None
+    for rows in (1, limit + 1, GEMV.MAX_M):  # a small weight: every row count the kernel takes
         assert dispatch.gemv_for(_zeros(rows, 8), weight, ON) is GEMV
-    assert dispatch.gemv_for(_zeros(1, 1, 8), weight, ON) is GEMV  # rows counted over the leading dims
-    assert dispatch.gemv_for(_zeros(1, limit + 1, 8), weight, ON) is None
     assert dispatch.gemv_for(_zeros(GEMV.MAX_M + 1, 8), weight, ON) is None
     assert dispatch.gemv_for(_zeros(0, 8), weight, ON) is None
     assert dispatch.gemv_for(_zeros(1, 8), weight, KernelChoice(gemv=False)) is None

@@ -139,3 +139,19 @@ def test_match_lengths_measure_past_prompt_lookup_max() -> None:
     tokens = [9, 1, 2, 3, 4, 5, 6, 8, 1, 2, 3, 4, 5, 6]  # the suffix 1..6 matches 6 tokens back, n_max is 2
     drafts, matches = NgramProposer(3, 1, 2).propose_with_matches([tokens, [1, 2, 3]], [3, 3])
     assert drafts == [[8, 1, 2], []] and matches == [6, 0]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_has_match_is_whether_propose_finds_drafts(seed: int) -> None:
+    """has_match (one search of the shortest n, for the gate's look ahead) agrees with the brute-force reference's
+    drafts on random sequences, matches and no matches alike."""
+    rng = random.Random(seed)
+    found = 0
+    for _ in range(200):
+        n_min = rng.randint(1, 3)
+        n_max = rng.randint(n_min, 5)
+        tokens = [rng.randrange(rng.choice([2, 5, 40, 300])) for _ in range(rng.randint(0, 40))]
+        want = bool(reference(tokens, 3, n_min, n_max, 1)[0])
+        assert NgramProposer(3, n_min, n_max).has_match(np.asarray(tokens, dtype=np.int64)) == want, tokens
+        found += want
+    assert 20 < found < 180  # both answers were asked about

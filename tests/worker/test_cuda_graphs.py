@@ -233,6 +233,16 @@ def _sampler_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
+def assert_same_logprobs(got: list[dict], want: list[dict]) -> None:
+    """The same tokens and ranks at every position, their logprobs equal up to float32 rounding: a replayed
+    bucket's logits are those of a padded batch, whose matmuls some CPUs round differently (seen on an AMD EPYC,
+    not on an Intel Xeon)."""
+    assert [{t: lp.rank for t, lp in pos.items()} for pos in got] == [{t: lp.rank for t, lp in pos.items()}
+                                                                      for pos in want]
+    for g, w in zip(got, want):
+        assert all(abs(g[t].logprob - w[t].logprob) <= 1e-5 for t in w), (g, w)
+
+
 def _kernel_sampling(llm: LLM) -> LLM:
     """`llm` sampling with the Triton kernel (the interpreter on CPU), as on a GPU: graphs and eager steps draw the
     same tokens from the same keys."""
@@ -457,7 +467,7 @@ def test_sampled_steps_replayed_draw_inside_the_graph_as_eager_steps_draw(model_
         out = llm.generate(inputs, params, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in expected]
         assert len({tuple(o.outputs[0].token_ids) for o in out[:2]}) == 2
-        assert out[0].outputs[0].logprobs == expected[0].outputs[0].logprobs
+        assert_same_logprobs(out[0].outputs[0].logprobs, expected[0].outputs[0].logprobs)
         decodes = 5  # 6 tokens: one from the prompt step, five from decode steps of all three rows
         assert len(sampled) == (1 if params is in_graph else 1 + decodes), sampled
         llm.engine.check_integrity()
