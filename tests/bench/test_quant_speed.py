@@ -74,5 +74,5 @@ def test_kernel_part_runs_under_the_interpreter(tmp_path: Path) -> None:
     kernels = {m: (r["int4_kernel"], r["int8_kernel"]) for m, r in row["rows"].items()}
     assert kernels == {"1": ("wna16_row_gemv", "wna16_row_gemv"), "3": ("wna16_tc_gemv", "wna16_row_gemv"),
                        "8": ("wna16_tc_gemv", "wna16_tc_gemv")}
-    assert row["rows"]["8"]["gemv_bf16_us"] is None  # lamina's bf16 GEMV takes up to 4 rows
+    assert all(row["rows"][m]["gemv_bf16_us"] > 0 for m in ("1", "3", "8"))  # lamina's bf16 GEMV: up to 8 rows
     assert torch.isfinite(torch.tensor(row["rows"]["1"]["int4_us"]))
