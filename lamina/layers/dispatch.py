@@ -111,10 +111,13 @@ def qk_norm_rotary_ops(q: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm,
 # decodes) cuBLAS beat it on every Llama-3-8B shape on the H200, e.g. gate_up 70 vs 126 us at 4 rows, the LM head
 # 258 vs 536 us (docs/notes/2026-12-01-h200-gemv-rows.txt); at 1 row the GEMV wins on qkv and gate_up.
 GEMV_MAX_ROWS = 1
-# ... except on small weights (at most this many elements: 8 MB of bf16), which the GEMV takes at up to its MAX_M
-# rows: there every kernel is a few microseconds of latency, and cuBLAS's, launched without PDL, end the overlap
-# of the kernels around them (a verify step of the demo model, whose weights are all small: lamina.kernels.pdl).
-GEMV_SMALL_WEIGHT = 1 << 22
+# ... except where rows x weight elements stay within GEMV_ROW_ELEMENTS (8M: 16 MB of bf16 at one row). Each row
+# of x is reduced against every weight tile, so the GEMV's time grows with M x N x K while cuBLAS's stays flat at
+# these rows; on small weights every kernel is a few microseconds of latency and cuBLAS's, launched without PDL,
+# end the overlap of the kernels around them (a verify step of the demo model: lamina.kernels.pdl). H200, bf16
+# (python -m lamina.bench.gemv_sweep --rows 2,4,8, forty-second session): GEMV over cuBLAS on Qwen3-0.6B's o_proj
+# (2M elements) 3.41 / 1.80 / 0.87x at 2 / 4 / 8 rows, qkv (4M) 0.99 / 0.72 / 0.45x, down (3M) 1.41 / 1.02 / 0.57x.
+GEMV_ROW_ELEMENTS = 1 << 23
 
 
 def gemv_for(x: torch.Tensor, weight: torch.Tensor, kernels: KernelChoice) -> ModuleType | None:
@@ -131,9 +134,9 @@ def gemv_for(x: torch.Tensor, weight: torch.Tensor, kernels: KernelChoice) -> Mo
 
 
 def gemv_max_rows(weight: torch.Tensor, most: int) -> int:
-    """The most rows of x that the GEMV takes for `weight`, given the kernel's limit `most`: all of them for a
-    small weight, GEMV_MAX_ROWS for a larger one."""
-    return most if weight.numel() <= GEMV_SMALL_WEIGHT else min(GEMV_MAX_ROWS, most)
+    """The most rows of x that the GEMV takes for `weight`, given the kernel's limit `most`: as many as keep rows x
+    weight elements within GEMV_ROW_ELEMENTS, GEMV_MAX_ROWS at least."""
+    return min(most, max(GEMV_MAX_ROWS, GEMV_ROW_ELEMENTS // max(1, weight.numel())))
 
 
 # Rows up to which a float32 CPU matmul x @ W.T may run as (W @ x.T).T (weight_major_for): where that is faster

@@ -3,8 +3,8 @@
 Triton compiles a kernel the first time it meets a new combination of its constexprs: for the
 attention kernels, the decode kernel's MAX_Q (1: pure decode; DECODE_MAX_Q: decode rows mixed with
 a prefill) and split / no split, the prefill kernel's short / long tiles; for the GEMV, its row count
-M (lamina.layers.dispatch.gemv_max_rows: up to 8 on small weights, 1 on others). CUDA-graph capture compiles the
-pure-decode graphs only.
+M (lamina.layers.dispatch.gemv_max_rows: up to 8 rows of small weights, fewer of larger ones). CUDA-graph capture
+compiles the pure-decode graphs only.
 Without this warm-up the other variants compile inside the first steps that need them, about a second each
 on an H200 host (W1 lost 10 of its 16 seconds that way). The variants are compiled together, on a thread
 pool (`precompile`), not one after another. Each warm-up batch below is one eager forward over the real KV
@@ -14,8 +14,8 @@ cache that stores nothing (every slot -1) and reads only the null block 0:
     [(long, long), (1, max_model_len), (1, 17)]             prefill long tiles, decode MAX_Q=8 split
     [(64, 64), (1, 40), (8, 48)]                            prefill short tiles, decode MAX_Q=8 no split
     [(1, max_model_len), (1, 3)]                            decode MAX_Q=1 split (eager: graphs off)
-    [(1, 30)] * m, m = 1..8                                 decode MAX_Q=1 no split, GEMV M=m (small weights;
-                                                            others M=1, more rows: cuBLAS)
+    [(1, 30)] * m, m = 1..8                                 decode MAX_Q=1 no split, GEMV M=m (of the weights
+                                                            that take m rows; more: cuBLAS)
     then the sampling kernel on one row of logits           temperature only; with top-p
 """
 from __future__ import annotations

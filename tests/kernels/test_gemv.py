@@ -200,7 +200,7 @@ def test_decode_rows_of_linear_layers_and_lm_head_take_the_gemv(monkeypatch: pyt
         torch.testing.assert_close(head.compute_logits(x), F.linear(x, head.weight), atol=1e-5, rtol=1e-5)
     assert calls == [1, 1, MAX_M, MAX_M]
     small = min(qkv.weight.numel(), head.weight.numel()) - 1
-    monkeypatch.setattr(dispatch, "GEMV_SMALL_WEIGHT", small)  # both weights are now large ones
+    monkeypatch.setattr(dispatch, "GEMV_ROW_ELEMENTS", small)  # one row of either weight is past it now
     limit = dispatch.GEMV_MAX_ROWS
     for rows in (limit, limit + 1):
         x = torch.randn(rows, 40, generator=gen)

@@ -98,22 +98,33 @@ def test_rotary_and_qk_norm_conditions() -> None:
 
 @pytest.mark.usefixtures("routed")
 def test_gemv_conditions(monkeypatch: pytest.MonkeyPatch) -> None:
-    weight, large = _zeros(6, 8), _zeros(7, 8)
-    monkeypatch.setattr(dispatch, "GEMV_SMALL_WEIGHT", weight.numel())  # `large` is past it
-    limit = min(dispatch.GEMV_MAX_ROWS, GEMV.MAX_M)  # more rows of a large weight: cuBLAS (measured, dispatch.py)
-    for rows in (1, limit):
-        assert dispatch.gemv_for(_zeros(rows, 8), large, ON) is GEMV
-    assert dispatch.gemv_for(_zeros(1, 1, 8), large, ON) is GEMV  # rows counted over the leading dims
-    assert dispatch.gemv_for(_zeros(1, limit + 1, 8), large, ON) is None
-    for rows in (1, limit + 1, GEMV.MAX_M):  # a small weight: every row count the kernel takes
+    weight, large = _zeros(6, 8), _zeros(7, 8)  # 48 and 56 elements
+    monkeypatch.setattr(dispatch, "GEMV_ROW_ELEMENTS", 48 * 4)  # `weight` at every row count the kernel takes
+    assert GEMV.MAX_M == 4  # (4); `large` up to 3 rows (3 x 56 <= 192 < 4 x 56), then cuBLAS
+    for rows in (1, GEMV.MAX_M):
         assert dispatch.gemv_for(_zeros(rows, 8), weight, ON) is GEMV
     assert dispatch.gemv_for(_zeros(GEMV.MAX_M + 1, 8), weight, ON) is None
+    assert dispatch.gemv_for(_zeros(3, 8), large, ON) is GEMV
+    assert dispatch.gemv_for(_zeros(4, 8), large, ON) is None
+    assert dispatch.gemv_for(_zeros(1, 3, 8), large, ON) is GEMV  # rows counted over the leading dims
+    assert dispatch.gemv_for(_zeros(1, 4, 8), large, ON) is None
     assert dispatch.gemv_for(_zeros(0, 8), weight, ON) is None
     assert dispatch.gemv_for(_zeros(1, 8), weight, KernelChoice(gemv=False)) is None
     assert dispatch.gemv_for(_zeros(1, 8), weight, KernelChoice(fused_ops=False)) is GEMV  # independent switches
     assert dispatch.gemv_for(_zeros(1, 8, dtype=torch.float32), weight.float(), ON) is None  # 16-bit only
     assert dispatch.gemv_for(_zeros(1, 8), weight.half(), ON) is None  # weight dtype != x dtype
     assert dispatch.gemv_for(_zeros(1, 6), _zeros(8, 6).t(), ON) is None  # a transposed (strided) weight
+
+
+def test_gemv_rows_shrink_as_the_weight_grows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """rows x elements within GEMV_ROW_ELEMENTS, GEMV_MAX_ROWS (measured: one row of any weight) at least."""
+    monkeypatch.setattr(dispatch, "GEMV_ROW_ELEMENTS", 1 << 23)
+    rows = {numel: dispatch.gemv_max_rows(torch.empty(numel, 1, device="meta"), 8)
+            for numel in (384 * 2048, 1 << 21, 1024 * 3072, 1 << 22, 6144 * 1024, 151936 * 1024)}
+    assert list(rows.values()) == [8, 4, 2, 2, 1, 1]  # demo gate_up; Qwen3-0.6B o_proj, down, qkv, gate_up, head
+    assert dispatch.gemv_max_rows(torch.empty(1, 1, device="meta"), 4) == 4  # the kernel's own limit
+    monkeypatch.setattr(dispatch, "GEMV_MAX_ROWS", 2)
+    assert dispatch.gemv_max_rows(torch.empty(151936, 1024, device="meta"), 8) == 2
 
 
 def test_the_cpu_path_never_imports_triton() -> None:
