@@ -17,7 +17,7 @@ import random
 
 from lamina.engine.spec_gate import SpecGate
 
-RATIOS = (0.90, 0.95, 0.97, 1.00, 1.03, 1.05, 1.10, 1.20)
+RATIOS = (0.50, 0.90, 0.95, 0.97, 1.00, 1.03, 1.05, 1.10, 1.20, 2.00)
 NOISES = (0.0, 0.05, 0.10, 0.20)
 SETTLE = 300  # windows of the first workload before the change
 

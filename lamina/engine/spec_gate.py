@@ -24,12 +24,14 @@ probes decides the leader:
 Speculation leads while its advantage beats SPEC_MARGIN: in doubt, the engine runs as without it. The next probe
 comes after max(2 gap, loss / EXPLORE_BUDGET) leader windows (loss / EXPLORE_BUDGET after a change of lead or after
 a probe whose own sample found the probed arm faster: the lead may be wrong; at least 1, at most `max_gap`), loss
-being what a window of the slower arm costs against the faster (1 - slower / faster): the probes of an arm 30 %
-slower cost 1 % of the throughput at most, those of one 2 % slower come often, which they may (its noise takes more
-windows to settle, and a wrong lead costs little). A change of workload (another prompt, longer contexts) is
-noticed within max_gap windows and followed a few windows later (scripts/spec_gate_noise.py: 15-32 windows at
-0-20 % noise per window where doubling gaps took 71-110). A window ends early when the batch leaves its bucket; it
-counts if at least half of it was counted, else its arm runs again.
+being the time a window of the slower arm takes beyond one of the faster (faster rate / slower rate - 1): the probes
+of an arm 30 % slower cost 1 % of the time, those of one 2 % slower come often, which they may (its noise takes more
+windows to settle, and a wrong lead costs little). MAX_GAP bounds both ways: an arm at half the other's rate costs
+1.5 % of the time in probes 64 windows apart (3 % at 32: a draft model at 128 rows on the H200 ran at 0.45 of plain
+in its probes, forty-second session), and a change of workload (another prompt, longer contexts) is noticed within
+max_gap windows and followed a few windows later (scripts/spec_gate_noise.py, from spec at 0.90 of plain to 1.12:
+medians 32-75 windows at 0-20 % noise per window, 15-32 at MAX_GAP 32, where doubling gaps took 71-110). A window
+ends early when the batch leaves its bucket; it counts if at least half of it was counted, else its arm runs again.
 
 The speculating windows have two modes, chosen the same way by a second pair of arms per bucket
 (SpecGate(full=True), the engine's):
@@ -54,7 +56,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 WINDOW = 16  # steps a window (a batch-1 step of the demo model is ~0.3-0.5 ms on the H200, ~4 ms on the CPU)
-MAX_GAP = 32  # windows of the leader between two probes, at most
+MAX_GAP = 64  # windows of the leader between two probes, at most
 RATE_DECAY = 0.7  # EMAs (the advantage, each arm's rate): this much of the old value, the rest the new sample
 SPEC_MARGIN = 0.02  # speculation leads only while faster than plain by this much: in doubt, the plain engine
 # drafting without the policy (FULL) leads the policy only while faster by this much where a bucket holds several
@@ -139,7 +141,7 @@ class BucketState:
         Whether the lead changed."""
         ratio = math.exp(self.advantage) / (1 + self.margin)  # first over second, the margin taken off
         faster = self._faster(self.advantage)
-        loss = 1 - min(ratio, 1 / ratio)
+        loss = max(ratio, 1 / ratio) - 1  # a window of the slower arm over one of the faster, less one
         changed = faster is not self.leader
         self.leader = faster
         doubled = 1 if changed or contradicted else 2 * self.gap
