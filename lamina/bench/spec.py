@@ -13,7 +13,8 @@ flight, output lengths uniform in [new_tokens / 2, 3 new_tokens / 2], measured w
 (lamina/bench/concurrency.py): the steady rate at batch size C, as a server under load sees it. All engines
 (off and each method, with their default arguments) live at once and take turns on every row, `--repeats`
 times, each repeat starting with the next engine; the median is reported (the host's noise moved single batch-1
-figures by up to 2x on the H200).
+figures by up to 2x on the H200), and in brackets the paired speed-up: the median over repeats of the ratio within
+each repeat, where a slow spell of the host hits both engines.
 A progress bar counts every generated token; at the end it prints the tables and writes JSON.
 """
 from __future__ import annotations
@@ -264,11 +265,11 @@ def _device_name() -> str:
 def print_tables(report: dict) -> None:
     results = report["results"]
     off = results["off"]
-    print("batch 1: method  prompts  T    tok/s  speed-up  acceptance  tokens/verify  ms/step by kind")
+    print("batch 1: method  prompts  T    tok/s  speed-up (paired)  acceptance  tokens/verify  ms/step by kind")
     for label, result in results.items():
         for row, base in zip(result["batch_one"], off["batch_one"]):
             print(f"  {label:12s} {row['prompts']:6s} {row['temperature']:.1f} {row['tok_s']:9.1f} "
-                  f"{row['tok_s'] / base['tok_s']:8.2f}x {row['acceptance_rate']:11.2f} "
+                  f"{row['tok_s'] / base['tok_s']:8.2f}x ({_paired(row, base):.2f}x) {row['acceptance_rate']:11.2f} "
                   f"{row['tokens_per_verify_step']:14.2f}  {_kinds(row)}")
     print("throughput: method  batch  tok/s  vs off (paired)  acceptance  ms outside steps (drafting)  ms/step by kind")
     for section, size in (("throughput", "batch_size"), ("concurrency", "concurrency")):

@@ -49,7 +49,7 @@ def test_spec_bench_writes_rows_for_every_engine(tmp_path, capsys):
             assert row["draft_ms"] >= 0 and (label == "ngram" or row["draft_ms"] == 0)
             assert label == "ngram" or row["plain_steps"] == 0
     out = capsys.readouterr().out
-    assert "speed-up" in out and "closed loop" in out and "repeats:" in out and "a plain step" in out
+    assert "speed-up (paired)" in out and "closed loop" in out and "repeats:" in out and "a plain step" in out
 
 
 NGRAM_K = DEFAULT_SPEC_TOKENS["ngram"]
