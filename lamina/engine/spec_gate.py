@@ -26,11 +26,10 @@ comes after max(2 gap, loss / EXPLORE_BUDGET) leader windows (loss / EXPLORE_BUD
 a probe whose own sample found the probed arm faster: the lead may be wrong; at least 1, at most `max_gap`), loss
 being the time a window of the slower arm takes beyond one of the faster (faster rate / slower rate - 1): the probes
 of an arm 30 % slower cost 1 % of the time, those of one 2 % slower come often, which they may (its noise takes more
-windows to settle, and a wrong lead costs little). MAX_GAP bounds both ways: an arm at half the other's rate costs
-1.5 % of the time in probes 64 windows apart (3 % at 32: a draft model at 128 rows on the H200 ran at 0.45 of plain
-in its probes, forty-second session), and a change of workload (another prompt, longer contexts) is noticed within
-max_gap windows and followed a few windows later (scripts/spec_gate_noise.py, from spec at 0.90 of plain to 1.12:
-medians 32-75 windows at 0-20 % noise per window, 15-32 at MAX_GAP 32, where doubling gaps took 71-110). A window
+windows to settle, and a wrong lead costs little). MAX_GAP bounds both ways: the probes of an arm at half the
+other's rate cost 1.5 % of the time, and a change of workload (another prompt, longer contexts) is noticed within
+max_gap windows and followed a few windows later (scripts/spec_gate_noise.py, speculation from 0.90 of plain to
+1.12: medians of 32-75 windows at 0-20 % noise per window; the trade is measured in docs/speculative.md). A window
 ends early when the batch leaves its bucket; it counts if at least half of it was counted, else its arm runs again.
 
 The speculating windows have two modes, chosen the same way by a second pair of arms per bucket

@@ -115,7 +115,7 @@ GEMV_MAX_ROWS = 1
 # of x is reduced against every weight tile, so the GEMV's time grows with M x N x K while cuBLAS's stays flat at
 # these rows; on small weights every kernel is a few microseconds of latency and cuBLAS's, launched without PDL,
 # end the overlap of the kernels around them (a verify step of the demo model: lamina.kernels.pdl). H200, bf16
-# (python -m lamina.bench.gemv_sweep --rows 2,4,8, forty-second session): GEMV over cuBLAS on Qwen3-0.6B's o_proj
+# (python -m lamina.bench.gemv_sweep --rows 2,4,8; docs/kernels.md): GEMV over cuBLAS on Qwen3-0.6B's o_proj
 # (2M elements) 3.41 / 1.80 / 0.87x at 2 / 4 / 8 rows, qkv (4M) 0.99 / 0.72 / 0.45x, down (3M) 1.41 / 1.02 / 0.57x.
 GEMV_ROW_ELEMENTS = 1 << 23
 

@@ -99,9 +99,8 @@ def test_rotary_and_qk_norm_conditions() -> None:
 @pytest.mark.usefixtures("routed")
 def test_gemv_conditions(monkeypatch: pytest.MonkeyPatch) -> None:
     weight, large = _zeros(6, 8), _zeros(7, 8)  # 48 and 56 elements
-    monkeypatch.setattr(dispatch, "GEMV_ROW_ELEMENTS", 48 * 4)  # `weight` at every row count the kernel takes
-    assert GEMV.MAX_M == 4  # (4); `large` up to 3 rows (3 x 56 <= 192 < 4 x 56), then cuBLAS
-    for rows in (1, GEMV.MAX_M):
+    monkeypatch.setattr(dispatch, "GEMV_ROW_ELEMENTS", 48 * GEMV.MAX_M)  # `weight`: every row count the kernel
+    for rows in (1, GEMV.MAX_M):  # takes; `large`: up to 3 rows (3 x 56 <= 4 x 48 < 4 x 56), then cuBLAS
         assert dispatch.gemv_for(_zeros(rows, 8), weight, ON) is GEMV
     assert dispatch.gemv_for(_zeros(GEMV.MAX_M + 1, 8), weight, ON) is None
     assert dispatch.gemv_for(_zeros(3, 8), large, ON) is GEMV
