@@ -188,9 +188,10 @@ def gemv_checks(device: str, dtype: Any) -> list[dict[str, Any]]:
     import torch
     import torch.nn.functional as F
 
+    from lamina.bench.gemv_sweep import shape_set
     from lamina.kernels.gemv import MAX_M, gemv
-    shapes = [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (151936, 1024), (6144, 4096),
-              (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)] if device == "cuda" else [(40, 72)]
+    shapes = [(n, k) for name in ("qwen3-0.6b", "llama3-8b") for _, n, k in shape_set(name)
+              ] if device == "cuda" else [(40, 72)]
     gen = torch.Generator(device).manual_seed(1)
     rows = []
     for n, k in shapes:

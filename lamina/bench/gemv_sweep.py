@@ -27,24 +27,36 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 CEILING_GBS = 4630.0
-SHAPES: dict[str, list[tuple[str, int, int]]] = {  # name, N, K of weight [N, K]
-    "demo": [("qkv", 640, 384), ("o_proj", 384, 384), ("gate_up", 2048, 384), ("down", 384, 1024),
-             ("lm_head", 8192, 384)],
-    "qwen3-0.6b": [("qkv", 4096, 1024), ("o_proj", 1024, 2048), ("gate_up", 6144, 1024),
-                   ("down", 1024, 3072), ("lm_head", 151936, 1024)],
-    "llama3-8b": [("qkv", 6144, 4096), ("o_proj", 4096, 4096), ("gate_up", 28672, 4096),
-                  ("down", 4096, 14336), ("lm_head", 128256, 4096)],
-}
+SHAPE_SETS = ("demo", "qwen3-0.6b", "llama3-8b")  # lamina's shipped demo model; lamina.bench.offline's shapes
 DRY_SHAPES = {"tiny": [("a", 40, 96), ("b", 24, 200)]}
 ROTATE_BYTES = 256 << 20  # weight copies per shape: at least this much, at least 2
 CALLS = 16  # calls per graph at least (cycling the copies): the replay's own cost spread thin
+
+
+def linear_shapes(config: Mapping[str, Any]) -> list[tuple[str, int, int]]:
+    """A decoder layer's linear weights and the LM head of a Llama / Qwen3 HF config: (name, N, K) of weight [N, K]."""
+    hidden, inter, heads = config["hidden_size"], config["intermediate_size"], config["num_attention_heads"]
+    head_dim = config.get("head_dim") or hidden // heads
+    q, kv = heads * head_dim, config["num_key_value_heads"] * head_dim
+    return [("qkv", q + 2 * kv, hidden), ("o_proj", hidden, q), ("gate_up", 2 * inter, hidden),
+            ("down", hidden, inter), ("lm_head", config["vocab_size"], hidden)]
+
+
+def shape_set(name: str) -> list[tuple[str, int, int]]:
+    """The weight shapes of one of SHAPE_SETS, from the model's config."""
+    from lamina import DEMO_MODEL
+    from lamina.bench.offline import SHAPES
+
+    config = json.loads((Path(DEMO_MODEL) / "config.json").read_text()) if name == "demo" else SHAPES[name]
+    return linear_shapes(config)
 
 
 def use_interpreter() -> None:
@@ -159,7 +171,7 @@ def _row_counts(parser: argparse.ArgumentParser, text: str) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="qwen3-0.6b,llama3-8b",
-                        help=f"comma-separated, of: {', '.join(SHAPES)} (demo: lamina's shipped demo model)")
+                        help=f"comma-separated, of: {', '.join(SHAPE_SETS)} (demo: lamina's shipped demo model)")
     parser.add_argument("--result-file", help="write the full results as JSON here")
     parser.add_argument("--warmup-ms", type=int, default=5, help="do_bench warm-up per contender")
     parser.add_argument("--rep-ms", type=int, default=25, help="do_bench measuring time per contender")
@@ -171,12 +183,12 @@ def main(argv: list[str] | None = None) -> int:
         use_interpreter()
         sets = DRY_SHAPES
     else:
-        unknown = [s for s in args.shapes.split(",") if s not in SHAPES]
+        unknown = [s for s in args.shapes.split(",") if s not in SHAPE_SETS]
         if unknown:
-            parser.error(f"unknown shape set(s) {unknown}; known: {list(SHAPES)}")
+            parser.error(f"unknown shape set(s) {unknown}; known: {list(SHAPE_SETS)}")
         if not torch.cuda.is_available():
             parser.error("no CUDA device: use --dry-run")
-        sets = {s: SHAPES[s] for s in args.shapes.split(",")}
+        sets = {s: shape_set(s) for s in args.shapes.split(",")}
     import triton
 
     from lamina.kernels.gemv import CANDIDATE_CONFIGS, GemvConfig
