@@ -17,9 +17,21 @@ import random
 
 from lamina.engine.spec_gate import SpecGate
 
-RATIOS = (0.50, 0.90, 0.95, 0.97, 1.00, 1.03, 1.05, 1.10, 1.20, 2.00)
+RATIOS = (0.43, 0.50, 0.90, 0.95, 0.97, 1.00, 1.03, 1.05, 1.10, 1.20, 2.00)
 NOISES = (0.0, 0.05, 0.10, 0.20)
 SETTLE = 300  # windows of the first workload before the change
+
+
+def window_steps(gate: SpecGate, rate: float) -> float:
+    """Feed the gate one window of steps at `rate` (a step: one token in 1 / rate seconds) until it ends the window
+    (WINDOW steps; a probe may end sooner); the window's seconds."""
+    if gate.window_log is None:
+        gate.window_log = []
+    ended, seconds = len(gate.window_log), 0.0
+    while len(gate.window_log) == ended:
+        gate.observe(1, 1, 1 / rate, gate.arm)
+        seconds += 1 / rate
+    return seconds
 
 
 def simulate(ratio: float, noise: float, windows: int, seed: int) -> tuple[int, float]:
@@ -30,10 +42,8 @@ def simulate(ratio: float, noise: float, windows: int, seed: int) -> tuple[int, 
         spec = not gate.plain
         spec_windows += spec
         host = rng.uniform(1 - noise, 1 + noise)
-        rate = (ratio if spec else 1.0) * host
-        for _ in range(gate.window):
-            gate.observe(1, 1, 1 / rate, gate.arm)
-            seconds, plain_seconds = seconds + 1 / rate, plain_seconds + 1 / host
+        took = window_steps(gate, (ratio if spec else 1.0) * host)
+        seconds, plain_seconds = seconds + took, plain_seconds + took * (ratio if spec else 1.0)
     return spec_windows, plain_seconds / seconds
 
 
@@ -43,9 +53,7 @@ def windows_to_follow(noise: float, seed: int, before: float = 0.90, after: floa
     rng, gate = random.Random(seed), SpecGate()
     for window in range(SETTLE + limit):
         ratio = before if window < SETTLE else after
-        rate = (1.0 if gate.plain else ratio) * rng.uniform(1 - noise, 1 + noise)
-        for _ in range(gate.window):
-            gate.observe(1, 1, 1 / rate, gate.arm)
+        window_steps(gate, (1.0 if gate.plain else ratio) * rng.uniform(1 - noise, 1 + noise))
         if window >= SETTLE and not gate.plain and gate.buckets[1].leader is gate.arm:
             return window - SETTLE
     return limit

@@ -21,16 +21,18 @@ probes decides the leader:
     arm:      S  P  S  S  P  S  S  S  S  P  S  S  S  S  S ...   (the leader S, its probes losing narrowly)
                  ^ probe, judged against windows 1 and 3
 
-Speculation leads while its advantage beats SPEC_MARGIN: in doubt, the engine runs as without it. The next probe
-comes after max(2 gap, loss / EXPLORE_BUDGET) leader windows (loss / EXPLORE_BUDGET after a change of lead or after
-a probe whose own sample found the probed arm faster: the lead may be wrong; at least 1, at most `max_gap`), loss
-being the time a window of the slower arm takes beyond one of the faster (faster rate / slower rate - 1): the probes
-of an arm 30 % slower cost 1 % of the time, those of one 2 % slower come often, which they may (its noise takes more
-windows to settle, and a wrong lead costs little). MAX_GAP bounds both ways: the probes of an arm at half the
-other's rate cost 1.5 % of the time, and a change of workload (another prompt, longer contexts) is noticed within
-max_gap windows and followed a few windows later (scripts/spec_gate_noise.py, speculation from 0.90 of plain to
-1.12: medians of 32-75 windows at 0-20 % noise per window; the trade is measured in docs/speculative.md). A window
-ends early when the batch leaves its bucket; it counts if at least half of it was counted, else its arm runs again.
+Speculation leads while its advantage beats SPEC_MARGIN: in doubt, the engine runs as without it. A probe lasts
+no longer than the leader's windows take (its WINDOW steps, or as many as fit in the time of one of the leader's,
+MIN_PROBE_STEPS at least): where speculating steps cost several plain ones (a draft model's verify at 128 rows,
+~5x), a probe of WINDOW of them would cost several windows' time. So a probe of the slower arm wastes at most
+`loss` of one leader window, loss = 1 - slower rate / faster rate, and the next probe comes after max(2 gap, loss /
+EXPLORE_BUDGET) leader windows (loss / EXPLORE_BUDGET after a change of lead or after a probe whose own sample found
+the probed arm faster: the lead may be wrong; at least 1, at most `max_gap`): the probes of an arm 30 % slower
+cost 1 % of the time, those of one 2 % slower come often, which they may (its noise takes more windows to settle,
+and a wrong lead costs little). MAX_GAP bounds both ways: the probes of an arm far slower cost at most 1 / MAX_GAP
+of the time, and a change of workload (another prompt, longer contexts) is noticed within max_gap windows and
+followed a few windows later (scripts/spec_gate_noise.py simulates both; docs/speculative.md). A window ends early
+when the batch leaves its bucket; it counts if at least half of it was counted, else its arm runs again.
 
 The speculating windows have two modes, chosen the same way by a second pair of arms per bucket
 (SpecGate(full=True), the engine's):
@@ -41,11 +43,14 @@ The speculating windows have two modes, chosen the same way by a second pair of 
 
 SPEC leads first and in doubt: FULL needs FULL_MARGIN (5 %) over it to lead where a bucket holds several rows,
 SPEC_MARGIN (2 %) at one row (`full_margin`: one row's window rate is all its request's speed, no tail to charge).
-A speculating window counts for speculation's rate only in the mode that leads, so that a probe of the other mode
-is not taken for it. Why FULL: the policy's bookkeeping and decisions cost host time every step, ~20-35 us of a
-0.25-0.5 ms batch-1 step on an H100's host, and there a verify step costs little more than a plain one, so drafting
-at every match pays: k fixed ran 15-25 % faster than the policy at batch 1 (docs/BENCHMARKS.md, thirty-fifth
-session). At 128-256 rows drafts without the policy lose (k fixed 0.77x there) and are only probed.
+The modes are compared only while speculation leads its bucket (after its first probe of plain): a probe of
+speculation runs in the leading mode, so that where plain leads no window probes twice over (at 128 rows FULL ran
+at 0.45 of plain's rate, and its probes came inside speculation's). A speculating window counts for speculation's
+rate only in the mode that leads, so that a probe of the other mode is not taken for it. Why FULL: the policy's
+bookkeeping and decisions cost host time every step, ~20-35 us of a 0.25-0.5 ms batch-1 step on an H100's host,
+and there a verify step costs little more than a plain one, so drafting at every match pays: k fixed ran 15-25 %
+faster than the policy at batch 1 (docs/BENCHMARKS.md, thirty-fifth session). At 128-256 rows drafts without the
+policy lose (k fixed 0.77x there) and are only probed, if speculation leads there at all.
 """
 from __future__ import annotations
 
@@ -64,6 +69,8 @@ SPEC_MARGIN = 0.02  # speculation leads only while faster than plain by this muc
 # off, k fixed's ~0.8x regime). One row has no tail: there FULL needs SPEC_MARGIN only (full_margin)
 FULL_MARGIN = 0.05
 EXPLORE_BUDGET = 0.01  # probes of the slower arm cost at most this share of the throughput (up to MAX_GAP)
+MIN_PROBE_STEPS = 4  # a probe cut short by the leader's window time runs this many steps at least (its first is
+# not counted: its drafts were decided in the window before)
 STALL_FACTOR = 50  # a counted step slower than this many times its window's median step is left out of the rate
 
 
@@ -101,6 +108,7 @@ class BucketState:
     first_windows: int = 0  # windows measured in each arm
     second_windows: int = 0
     before: float | None = None  # the rate of the leader's last window
+    lead_seconds: float | None = None  # EMA of the wall time of the leader's whole windows: a probe's longest
     probe: float | None = None  # the rate of a probe waiting for the leader window after it
 
     def __post_init__(self) -> None:
@@ -110,10 +118,14 @@ class BucketState:
         probing = self.probe is None and self.before is not None and self.since_probe >= self.gap
         return self._other(self.leader) if probing else self.leader
 
-    def record(self, arm: Arm, rate: float, max_gap: int) -> None:
-        """A window of `arm` ran at `rate`. A probe waits for the leader's next window; then its rate against the
-        mean of its two neighbours updates the advantage, and the leader and the gap are chosen again."""
+    def record(self, arm: Arm, rate: float, max_gap: int, seconds: float | None = None) -> None:
+        """A window of `arm` ran at `rate` (and took `seconds`, if it ran all its steps). A probe waits for the
+        leader's next window; then its rate against the mean of its two neighbours updates the advantage, and the
+        leader and the gap are chosen again."""
         self._count(arm, rate)
+        if arm is self.leader and seconds is not None:
+            old = self.lead_seconds
+            self.lead_seconds = seconds if old is None else RATE_DECAY * old + (1 - RATE_DECAY) * seconds
         if arm is not self.leader:
             self.probe, self.since_probe = rate, 0
             return
@@ -140,7 +152,7 @@ class BucketState:
         Whether the lead changed."""
         ratio = math.exp(self.advantage) / (1 + self.margin)  # first over second, the margin taken off
         faster = self._faster(self.advantage)
-        loss = max(ratio, 1 / ratio) - 1  # a window of the slower arm over one of the faster, less one
+        loss = 1 - min(ratio, 1 / ratio)  # the share of a probe's time (at most a leader window's) it wastes
         changed = faster is not self.leader
         self.leader = faster
         doubled = 1 if changed or contradicted else 2 * self.gap
@@ -192,6 +204,8 @@ class SpecGate:
         self._held: Arm | None = None  # hold's arm: every window runs in it
         self._bucket: int | None = None  # the window's bucket
         self._steps = 0  # steps of the window so far
+        self._seconds = 0.0  # their wall time
+        self._limit: float | None = None  # a probe's: it ends once its steps took this long (a leader window's)
         self._counted: list[tuple[int, float]] = []  # (tokens, seconds) of the window's counted steps
 
     @property
@@ -227,24 +241,31 @@ class SpecGate:
         if bucket != self._bucket:
             self._end_window(complete=False)
             self._start_window(bucket)
-        self._steps += 1
+        self._steps, self._seconds = self._steps + 1, self._seconds + seconds
         if countable and arm is self._arm:
             self._counted.append((num_tokens, seconds))
-        if self._steps >= self.window:
+        if self._steps >= self.window or self._probe_done():
             self._end_window(complete=True)
             self._start_window(bucket)
 
+    def _probe_done(self) -> bool:
+        """Whether a probe has taken a leader window's time (and run MIN_PROBE_STEPS)."""
+        return self._limit is not None and self._steps >= MIN_PROBE_STEPS and self._seconds >= self._limit
+
     def _start_window(self, bucket: int) -> None:
-        self._bucket, self._steps, self._counted = bucket, 0, []
+        self._bucket, self._steps, self._seconds, self._counted, self._limit = bucket, 0, 0.0, [], None
         state = self.buckets.setdefault(bucket, BucketState())
         if self._held is not None:
             self._arm = self._held
             return
         self._arm = state.next_arm()
+        pair = state
         if self._arm is Arm.SPEC and self.full_arm:
-            if bucket not in self.modes:
-                self.modes[bucket] = BucketState(Arm.FULL, Arm.SPEC, full_margin(bucket), leader=Arm.SPEC)
-            self._arm = self.modes[bucket].next_arm()
+            mode = self.modes.setdefault(bucket, BucketState(Arm.FULL, Arm.SPEC, full_margin(bucket), leader=Arm.SPEC))
+            self._arm = mode.next_arm() if state.leader is Arm.SPEC and state.advantage is not None else mode.leader
+            pair = state if state.leader is Arm.PLAIN else mode
+        if self._arm is not pair.leader:
+            self._limit = pair.lead_seconds
 
     def _end_window(self, complete: bool) -> None:
         if self._bucket is None:
@@ -253,19 +274,20 @@ class SpecGate:
         tokens, seconds = sum(t for t, _ in counted), sum(s for _, s in counted)
         recorded = self._held is None and seconds > 0 and (complete or 2 * len(counted) >= self.window)
         if recorded:
-            self._record(tokens / seconds)
+            self._record(tokens / seconds, self._seconds if self._steps >= self.window else None)
         if self.window_log is not None:
             self.window_log.append(WindowRecord(self._bucket, self._arm, self._steps, len(counted), tokens, seconds,
                                                 recorded))
 
-    def _record(self, rate: float) -> None:
-        """A window's rate to its bucket's states: speculation against plain (a speculating window only in the
-        mode that leads, so that a probe of the other mode is not taken for speculation's rate), and the modes."""
+    def _record(self, rate: float, seconds: float | None) -> None:
+        """A window's rate (and its time, if it ran all its steps) to its bucket's states: speculation against
+        plain (a speculating window only in the mode that leads, so that a probe of the other mode is not taken for
+        speculation's rate), and the modes."""
         mode = self.modes[self._bucket] if self.full_arm and not self.plain else None
         if mode is None or self._arm is mode.leader:
-            self.buckets[self._bucket].record(Arm.PLAIN if self.plain else Arm.SPEC, rate, self.max_gap)
+            self.buckets[self._bucket].record(Arm.PLAIN if self.plain else Arm.SPEC, rate, self.max_gap, seconds)
         if mode is not None:
-            mode.record(self._arm, rate, self.max_gap)
+            mode.record(self._arm, rate, self.max_gap, seconds)
 
 
 def without_stalls(steps: list[tuple[int, float]]) -> list[tuple[int, float]]:

@@ -6,8 +6,8 @@ import random
 
 from lamina import LLM, SamplingParams
 from lamina.bench.concurrency import steady_throughput
-from lamina.engine.spec_gate import (FULL_MARGIN, MAX_GAP, SPEC_MARGIN, WINDOW, Arm, BucketState, SpecGate,
-                                     batch_bucket, full_margin)
+from lamina.engine.spec_gate import (FULL_MARGIN, MAX_GAP, MIN_PROBE_STEPS, SPEC_MARGIN, WINDOW, Arm, BucketState,
+                                     SpecGate, batch_bucket, full_margin)
 from lamina.spec.ngram import NgramProposer
 from tests.helpers.spec_cases import NGRAM_K3, REPEATING, greedy_reference, tiny_llm
 from tests.helpers.tiny_models import make_tiny_model
@@ -15,12 +15,15 @@ from tests.helpers.tiny_models import make_tiny_model
 
 def run(gate: SpecGate, windows: int, rate_of, rows: int = 1, rng: random.Random | None = None) -> str:  # noqa: ANN001
     """Feed `windows` windows of steps to the gate, each step emitting `rate_of(arm)` tokens a second (times a
-    random factor in [0.7, 1.3] with `rng`); 'S' / 'P' / 'F' for each window's arm."""
+    random factor in [0.7, 1.3] with `rng`) until the gate ends its window (WINDOW steps, a probe fewer: the
+    leader's window time); 'S' / 'P' / 'F' for each window's arm."""
+    if gate.window_log is None:
+        gate.window_log = []
     arms = []
     for _ in range(windows):
-        arm = gate.arm
+        arm, ended = gate.arm, len(gate.window_log)
         arms.append(arm.name[0])
-        for _ in range(gate.window):
+        while len(gate.window_log) == ended:
             noise = rng.uniform(0.7, 1.3) if rng else 1.0
             gate.observe(rows, num_tokens=rows, seconds=rows / (rate_of(arm) * noise), arm=gate.arm)
     return "".join(arms)
@@ -36,13 +39,15 @@ def runs_between(arms: str, probe: str) -> list[int]:
 
 
 def test_where_speculation_loses_it_runs_only_as_probes_costing_the_budget() -> None:
-    """Speculation 20 % slower (a speculating window takes 1.02 / 0.8 = 1.275 plain windows' time, the margin
-    counted): the plain probe (window 2) is judged against windows 1 and 3, plain leads, and speculation is probed
-    after ceil(0.275 / EXPLORE_BUDGET) = 28 plain windows, then twice that, then MAX_GAP (each probe followed by the
-    leader's window that judges it)."""
+    """Speculation 20 % slower (0.8 / 1.02 = 0.784 of plain's rate, the margin counted): the plain probe (window
+    2) is judged against windows 1 and 3, plain leads, and speculation is probed after ceil(0.216 / EXPLORE_BUDGET)
+    = 22 plain windows (a probe lasts a plain window's time and wastes 0.216 of it), then twice that, then MAX_GAP
+    (each probe followed by the leader's window that judges it)."""
     gate = SpecGate()
     arms = run(gate, 160, lambda arm: 800.0 if arm is Arm.SPEC else 1000.0)
-    assert arms.startswith("SPS") and runs_between(arms, "S") == [1, 28, 56, MAX_GAP]
+    assert arms.startswith("SPS") and runs_between(arms, "S") == [1, 22, 44, MAX_GAP]
+    probes = [w for w in gate.window_log if w.arm is Arm.SPEC][2:]
+    assert {w.steps for w in probes} == {13}  # 16 plain steps' time: 12.8 speculating ones, the 13th ends it
     state = gate.buckets[1]
     assert state.leader is Arm.PLAIN and state.gap == MAX_GAP
     assert (state.first_windows, state.second_windows) == (5, 155)
@@ -51,9 +56,12 @@ def test_where_speculation_loses_it_runs_only_as_probes_costing_the_budget() -> 
 
 
 def test_where_speculation_wins_plain_windows_are_rare_probes() -> None:
+    """Speculation twice as fast: a plain probe lasts a speculating window's time (8 steps, not 16) and wastes
+    half of it, so probes come ceil((1 - 1.02 / 2) / EXPLORE_BUDGET) = 49 windows apart."""
     gate = SpecGate()
     arms = run(gate, 140, lambda arm: 2000.0 if arm is Arm.SPEC else 1000.0)
-    assert arms.startswith("SP" + "S" * MAX_GAP + "P") and arms.count("P") == 3
+    assert arms.startswith("SP" + "S" * 49 + "P") and arms.count("P") == 3
+    assert [w.steps for w in gate.window_log if w.arm is Arm.PLAIN][1:] in ([8, 8], [9, 9])  # 8 steps' time, rounded
     assert gate.buckets[1].leader is Arm.SPEC
 
 
@@ -175,7 +183,8 @@ def test_bucket_state_probe_schedule() -> None:
     assert state.next_arm() is Arm.PLAIN
     state.record(Arm.PLAIN, 50.0, MAX_GAP)
     state.record(Arm.SPEC, 100.0, MAX_GAP)  # advantage 0.7 log(100 / 97) + 0.3 log 2: 23 % ahead less the margin
-    assert (state.leader, state.gap, state.first_windows, state.second_windows) == (Arm.SPEC, 24, 4, 2)  # 0.23 / 0.01
+    # a probe of plain, at 1 / 1.23 of spec's rate, wastes 0.19 of its time: 19 windows (0.19 / EXPLORE_BUDGET)
+    assert (state.leader, state.gap, state.first_windows, state.second_windows) == (Arm.SPEC, 19, 4, 2)
 
 
 def test_the_engine_runs_plain_windows_without_drafts_and_feeds_the_gate(tmp_path) -> None:
@@ -250,12 +259,12 @@ def test_without_drafts_the_engine_steps_as_without_speculation(tmp_path) -> Non
 
 def test_speculating_windows_draft_without_the_policy_where_that_is_faster() -> None:
     """full=True: the speculating windows choose between the policy (S) and drafts without it (F) as speculation
-    and plain are chosen. Drafting without the policy 20 % faster: plain is probed first (window 2), then drafts
-    without the policy (window 3), which lead from the policy's next window on; the policy is probed rarely, plain
-    more rarely still (both as the budget allows)."""
+    and plain are chosen. Drafting without the policy 20 % faster: plain is probed first (window 2), and once the
+    policy has been found faster than plain (window 3), drafts without the policy (window 4), which lead from the
+    policy's next window on; the policy is probed rarely, plain more rarely still (both as the budget allows)."""
     gate = SpecGate(full=True)
     arms = run(gate, 120, {Arm.FULL: 1200.0, Arm.SPEC: 1000.0, Arm.PLAIN: 600.0}.get)
-    assert arms.startswith("SPFSFFF") and arms[4:].count("F") >= 100 and "S" in arms[40:] and arms.count("P") <= 4
+    assert arms.startswith("SPSFSFFF") and arms[4:].count("F") >= 100 and "S" in arms[40:] and arms.count("P") <= 4
     assert gate.buckets[1].leader is Arm.SPEC and gate.modes[1].leader is Arm.FULL
     assert abs(gate.modes[1].advantage - math.log(1.2)) < 0.05
 
@@ -265,7 +274,7 @@ def test_drafts_without_the_policy_that_lose_are_only_probed() -> None:
     speculation's rate, so the policy, faster than plain, keeps the lead."""
     gate = SpecGate(full=True)
     arms = run(gate, 120, {Arm.FULL: 700.0, Arm.SPEC: 1000.0, Arm.PLAIN: 900.0}.get)
-    assert arms.startswith("SPFSSSS") and arms.count("F") <= 4 and arms.count("P") <= 6, arms
+    assert arms.startswith("SPSFSSSS") and arms.count("F") <= 4 and arms.count("P") <= 6, arms
     assert gate.buckets[1].leader is Arm.SPEC and gate.modes[1].leader is Arm.SPEC
 
 
@@ -281,6 +290,31 @@ def test_drafts_without_the_policy_need_a_wider_edge_where_a_bucket_holds_severa
     assert one.modes[1].leader is Arm.FULL and one.buckets[1].leader is Arm.SPEC
     assert abs(several.modes[8].advantage - math.log(1.04)) < 1e-6 and FULL_MARGIN > 0.04 > SPEC_MARGIN
     assert full_margin(1) == SPEC_MARGIN and full_margin(2) == full_margin(256) == FULL_MARGIN
+
+
+def test_where_plain_leads_drafts_without_the_policy_are_not_probed() -> None:
+    """128 rows where FULL runs at 0.45 of plain's rate and the policy, drafting little, at 0.98: plain leads after
+    its first probe, and speculation's probes run in the policy's mode; FULL is never tried (it would be probed
+    inside speculation's probes, both arms' losses at once)."""
+    gate = SpecGate(full=True)
+    arms = run(gate, 300, {Arm.FULL: 450.0, Arm.SPEC: 980.0, Arm.PLAIN: 1000.0}.get, rows=128)
+    assert arms.startswith("SPS") and "F" not in arms and gate.buckets[128].leader is Arm.PLAIN
+    assert gate.modes[128].leader is Arm.SPEC and gate.modes[128].second_windows == arms.count("S")
+
+
+def test_probes_of_dear_speculating_steps_cost_a_leader_windows_time() -> None:
+    """A draft model's verify at 128 rows (H200, 2026-12-07): 15 ms for 2.37 tokens a row, where a plain step takes
+    2.7 ms for one. A probe of WINDOW such steps would take 5.5 plain windows' time; cut at one plain window's, the
+    probes cost under 2 % of the throughput (1 - 0.43 of a window every MAX_GAP windows at most)."""
+    gate = SpecGate()
+    gate.window_log = []
+    seconds = plain_seconds = 0.0
+    while len(gate.window_log) < 1000:
+        tokens, step = (128, 2.7e-3) if gate.plain else (round(2.37 * 128), 15e-3)
+        gate.observe(128, tokens, step, arm=gate.arm)
+        seconds, plain_seconds = seconds + step, plain_seconds + tokens / 128 * 2.7e-3
+    assert gate.buckets[128].leader is Arm.PLAIN and plain_seconds / seconds > 0.98
+    assert {w.steps for w in gate.window_log[3:] if w.arm is Arm.SPEC} == {MIN_PROBE_STEPS}
 
 
 def full_window_engine(tmp_path) -> tuple[LLM, SamplingParams, list]:  # noqa: ANN001
