@@ -29,10 +29,11 @@ MIN_PROBE_STEPS at least): where speculating steps cost several plain ones (a dr
 EXPLORE_BUDGET) leader windows (loss / EXPLORE_BUDGET after a change of lead or after a probe whose own sample found
 the probed arm faster: the lead may be wrong; at least 1, at most `max_gap`): the probes of an arm 30 % slower
 cost 1 % of the time, those of one 2 % slower come often, which they may (its noise takes more windows to settle,
-and a wrong lead costs little). MAX_GAP bounds both ways: the probes of an arm far slower cost at most 1 / MAX_GAP
-of the time, and a change of workload (another prompt, longer contexts) is noticed within max_gap windows and
-followed a few windows later (scripts/spec_gate_noise.py simulates both; docs/speculative.md). A window ends early
-when the batch leaves its bucket; it counts if at least half of it was counted, else its arm runs again.
+and a wrong lead costs little). MAX_GAP bounds both ways: the probes of an arm far slower cost about 1 / MAX_GAP of
+the time at most (more where MIN_PROBE_STEPS of its steps outlast a leader window), and a change of workload
+(another prompt, longer contexts) is noticed within max_gap windows and followed a few windows later
+(scripts/spec_gate_noise.py simulates both; docs/speculative.md). A window ends early when the batch leaves its
+bucket; it counts if at least half of it was counted, else its arm runs again.
 
 The speculating windows have two modes, chosen the same way by a second pair of arms per bucket
 (SpecGate(full=True), the engine's):
