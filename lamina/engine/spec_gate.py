@@ -86,6 +86,11 @@ def full_margin(bucket: int) -> float:
     return SPEC_MARGIN if bucket == 1 else FULL_MARGIN
 
 
+def ema(old: float | None, sample: float) -> float:
+    """An EMA's next value: RATE_DECAY of the old one (none: the sample itself), the rest the sample."""
+    return sample if old is None else RATE_DECAY * old + (1 - RATE_DECAY) * sample
+
+
 def batch_bucket(num_rows: int) -> int:
     """The power of two at or above `num_rows`: rows 1, 2, 3-4, 5-8, 9-16, ... share a bucket."""
     return 1 << max(0, num_rows - 1).bit_length()
@@ -125,16 +130,14 @@ class BucketState:
         leader and the gap are chosen again."""
         self._count(arm, rate)
         if arm is self.leader and seconds is not None:
-            old = self.lead_seconds
-            self.lead_seconds = seconds if old is None else RATE_DECAY * old + (1 - RATE_DECAY) * seconds
+            self.lead_seconds = ema(self.lead_seconds, seconds)
         if arm is not self.leader:
             self.probe, self.since_probe = rate, 0
             return
         if self.probe is not None:
             paired = self.probe / (0.5 * ((self.before or rate) + rate))
             sample = math.log(paired) if arm is self.second else -math.log(paired)
-            self.advantage = sample if self.advantage is None else (
-                RATE_DECAY * self.advantage + (1 - RATE_DECAY) * sample)
+            self.advantage = ema(self.advantage, sample)
             self.probe = None
             if self._choose(max_gap, contradicted=self._faster(sample) is not self.leader):
                 self.since_probe, self.before = 0, None  # the new leader's windows are measured from now
@@ -167,11 +170,9 @@ class BucketState:
 
     def _count(self, arm: Arm, rate: float) -> None:
         if arm is self.first:
-            old, self.first_windows = self.first_rate, self.first_windows + 1
-            self.first_rate = rate if old is None else RATE_DECAY * old + (1 - RATE_DECAY) * rate
+            self.first_rate, self.first_windows = ema(self.first_rate, rate), self.first_windows + 1
         else:
-            old, self.second_windows = self.second_rate, self.second_windows + 1
-            self.second_rate = rate if old is None else RATE_DECAY * old + (1 - RATE_DECAY) * rate
+            self.second_rate, self.second_windows = ema(self.second_rate, rate), self.second_windows + 1
 
     def _other(self, arm: Arm) -> Arm:
         return self.second if arm is self.first else self.first
@@ -259,13 +260,15 @@ class SpecGate:
         if self._held is not None:
             self._arm = self._held
             return
-        self._arm = state.next_arm()
-        pair = state
+        self._arm, pair = state.next_arm(), state
         if self._arm is Arm.SPEC and self.full_arm:
-            mode = self.modes.setdefault(bucket, BucketState(Arm.FULL, Arm.SPEC, full_margin(bucket), leader=Arm.SPEC))
-            self._arm = mode.next_arm() if state.leader is Arm.SPEC and state.advantage is not None else mode.leader
-            pair = state if state.leader is Arm.PLAIN else mode
-        if self._arm is not pair.leader:
+            if bucket not in self.modes:
+                self.modes[bucket] = BucketState(Arm.FULL, Arm.SPEC, full_margin(bucket), leader=Arm.SPEC)
+            mode = self.modes[bucket]
+            # the modes are compared once speculation leads (its first probe of plain judged); else its leader runs
+            explore = state.leader is Arm.SPEC and state.advantage is not None
+            self._arm, pair = (mode.next_arm(), mode) if explore else (mode.leader, state)
+        if self._arm is not pair.leader:  # a probe: it lasts a leader window's time at most
             self._limit = pair.lead_seconds
 
     def _end_window(self, complete: bool) -> None:
