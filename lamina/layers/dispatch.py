@@ -20,6 +20,7 @@ import torch
 
 from lamina.config import KernelChoice
 from lamina.layers.cpu_matmul import weight_major_is_faster
+from lamina.layers.gemv_rows import gemv_is_faster
 
 if TYPE_CHECKING:
     from lamina.kernels.fp8_gemm import Fp8GemmConfig
@@ -111,18 +112,20 @@ def qk_norm_rotary_ops(q: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm,
 # decodes) cuBLAS beat it on every Llama-3-8B shape on the H200, e.g. gate_up 70 vs 126 us at 4 rows, the LM head
 # 258 vs 536 us (docs/notes/2026-12-01-h200-gemv-rows.txt); at 1 row the GEMV wins on qkv and gate_up.
 GEMV_MAX_ROWS = 1
-# ... except where rows x weight elements stay within GEMV_ROW_ELEMENTS (8M: 16 MB of bf16 at one row). Each row
-# of x is reduced against every weight tile, so the GEMV's time grows with M x N x K while cuBLAS's stays flat at
-# these rows; on small weights every kernel is a few microseconds of latency and cuBLAS's, launched without PDL,
-# end the overlap of the kernels around them (a verify step of the demo model: lamina.kernels.pdl). H200, bf16
-# (python -m lamina.bench.gemv_sweep --rows 2,4,8; docs/kernels.md): GEMV over cuBLAS on Qwen3-0.6B's o_proj
-# (2M elements) 3.41 / 1.80 / 0.87x at 2 / 4 / 8 rows, qkv (4M) 0.99 / 0.72 / 0.45x, down (3M) 1.41 / 1.02 / 0.57x.
+# ... except where the GEMV was measured faster at more rows of that weight's shape (lamina/layers/gemv_rows.py, at
+# warm-up), or, for a shape not measured, where rows x weight elements stay within GEMV_ROW_ELEMENTS (8M: 16 MB of
+# bf16 at one row). Each row of x is reduced against every weight tile, so the GEMV's time grows with M x N x K
+# while cuBLAS's stays flat at these rows; on small weights every kernel is a few microseconds of latency and
+# cuBLAS's, launched without PDL, end the overlap of the kernels around them (a verify step of the demo model:
+# lamina.kernels.pdl). H200, bf16 (python -m lamina.bench.gemv_sweep --rows 2,4,8; docs/kernels.md): GEMV over
+# cuBLAS on Qwen3-0.6B's o_proj (2M elements) 3.41 / 1.80 / 0.87x at 2 / 4 / 8 rows, qkv (4M) 0.99 / 0.72 / 0.45x,
+# down (3M) 1.41 / 1.02 / 0.57x.
 GEMV_ROW_ELEMENTS = 1 << 23
 
 
 def gemv_for(x: torch.Tensor, weight: torch.Tensor, kernels: KernelChoice) -> ModuleType | None:
-    """lamina.kernels.gemv when `kernels.gemv`, x is a 16-bit CUDA tensor of 1..gemv_max_rows(weight) rows, the
-    weight is contiguous and in x's dtype, and triton imports; else None (cuBLAS)."""
+    """lamina.kernels.gemv when `kernels.gemv`, x is a 16-bit CUDA tensor of rows that the GEMV takes for this
+    weight (gemv_takes), the weight is contiguous and in x's dtype, and triton imports; else None (cuBLAS)."""
     if not (kernels.gemv and on_kernel_device(x) and x.dtype in GEMV_DTYPES
             and weight.dtype == x.dtype and weight.is_contiguous()):
         return None
@@ -130,12 +133,23 @@ def gemv_for(x: torch.Tensor, weight: torch.Tensor, kernels: KernelChoice) -> Mo
     if gemv is None:
         return None
     rows = x.numel() // max(1, x.shape[-1])
-    return gemv if 1 <= rows <= gemv_max_rows(weight, gemv.MAX_M) else None
+    return gemv if gemv_takes(weight, rows, gemv.MAX_M) else None
+
+
+def gemv_takes(weight: torch.Tensor, rows: int, most: int) -> bool:
+    """Whether the GEMV (of at most `most` rows) computes `rows` rows of x against `weight`: up to GEMV_MAX_ROWS
+    always; more where it was measured faster at this weight's shape (gemv_rows.py), or, not measured, up to
+    gemv_max_rows."""
+    if not 1 <= rows <= most:
+        return False
+    measured = gemv_is_faster(weight, rows) if rows > GEMV_MAX_ROWS else None
+    return measured if measured is not None else rows <= gemv_max_rows(weight, most)
 
 
 def gemv_max_rows(weight: torch.Tensor, most: int) -> int:
-    """The most rows of x that the GEMV takes for `weight`, given the kernel's limit `most`: as many as keep rows x
-    weight elements within GEMV_ROW_ELEMENTS, GEMV_MAX_ROWS at least."""
+    """The most rows of x that the GEMV takes for `weight` where its rows were not measured (gemv_rows.py), given
+    the kernel's limit `most`: as many as keep rows x weight elements within GEMV_ROW_ELEMENTS, GEMV_MAX_ROWS at
+    least."""
     return min(most, max(GEMV_MAX_ROWS, GEMV_ROW_ELEMENTS // max(1, weight.numel())))
 
 

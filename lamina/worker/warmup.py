@@ -3,12 +3,14 @@
 Triton compiles a kernel the first time it meets a new combination of its constexprs: for the
 attention kernels, the decode kernel's MAX_Q (1: pure decode; DECODE_MAX_Q: decode rows mixed with
 a prefill) and split / no split, the prefill kernel's short / long tiles; for the GEMV, its row count
-M (lamina.layers.dispatch.gemv_max_rows: up to 8 rows of small weights, fewer of larger ones). CUDA-graph capture
+M (lamina.layers.dispatch.gemv_takes: up to 8 rows of the weights where it beats cuBLAS). CUDA-graph capture
 compiles the pure-decode graphs only.
 Without this warm-up the other variants compile inside the first steps that need them, about a second each
 on an H200 host (W1 lost 10 of its 16 seconds that way). The variants are compiled together, on a thread
-pool (`precompile`), not one after another. Each warm-up batch below is one eager forward over the real KV
-cache that stores nothing (every slot -1) and reads only the null block 0:
+pool (`precompile`), not one after another. First the GEMV is timed against cuBLAS at 2, 4 and 8 rows of each of
+the model's weight shapes (lamina/layers/gemv_rows.py: which of the two a step of that many rows runs), so that the
+batches below compile the GEMV variants that the steps will use. Each warm-up batch below is one eager forward
+over the real KV cache that stores nothing (every slot -1) and reads only the null block 0:
 
     rows (q_len, seq_len)                                   compiles
     [(long, long), (1, max_model_len), (1, 17)]             prefill long tiles, decode MAX_Q=8 split
@@ -29,6 +31,8 @@ import torch
 
 from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
 from lamina.kernels.tiles import LONG_QUERY
+from lamina.layers import gemv_rows
+from lamina.layers.dispatch import GEMV_DTYPES, pdl_for
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +74,8 @@ def warm_up_kernels(model: torch.nn.Module, block_size: int, max_num_batched_tok
     The batches run twice: first with every kernel that is not compiled yet skipped, to learn which
     variants they need, which are then compiled together on a thread pool (`precompile`); then for real."""
     start = time.perf_counter()
+    if device.type == "cuda":
+        _time_gemv_rows(model)
     batches = warmup_batches(max_num_batched_tokens, max_model_len)
     compiled = precompile(lambda: _run_batches(model, batches, block_size, device))
     _run_batches(model, batches, block_size, device)
@@ -77,6 +83,29 @@ def warm_up_kernels(model: torch.nn.Module, block_size: int, max_num_batched_tok
         torch.cuda.synchronize(device)
     logger.info("kernels warmed up for %d kinds of step in %.1f s (%d kernel variants compiled or loaded)",
                 len(batches), time.perf_counter() - start, compiled)
+
+
+def _time_gemv_rows(model: torch.nn.Module) -> None:
+    """Time the GEMV against cuBLAS at a few rows of each of the model's weight shapes not timed yet (its variants
+    compiled together first), where the model's layers may take the GEMV."""
+    kernels = getattr(model, "kernels", None)
+    if kernels is not None and not kernels.gemv:
+        return
+    from lamina.kernels import gemv as kernel
+
+    todo = gemv_rows.pending(gemv_rows.linear_weights(model, GEMV_DTYPES))
+    if not todo:
+        return
+    pdl = kernels is not None and pdl_for(todo[0][0], kernels)
+
+    def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return kernel.gemv(x, weight, pdl=pdl)
+
+    start = time.perf_counter()
+    precompile(lambda: gemv_rows.first_calls(todo, gemv))
+    counts = gemv_rows.calibrate(todo, gemv)
+    logger.info("GEMV against cuBLAS at 2-8 rows: %d (weight shape, rows) to the GEMV, %d to cuBLAS, in %.1f s",
+                counts["gemv"], counts["cublas"], time.perf_counter() - start)
 
 
 def _run_batches(model: torch.nn.Module, batches: list[Rows], block_size: int, device: torch.device) -> None:

@@ -1,0 +1,129 @@
+"""Whether the GEMV or cuBLAS computes a few rows of x faster, per weight shape on this GPU: measured at warm-up.
+
+    x [M, K] @ W[N, K].T, 2 <= M <= 8 (a verify step's rows, a small batch's decode)
+        lamina.kernels.gemv    reduces each row of x against every weight tile: its time grows with M x N x K
+        cuBLAS (F.linear)      its time stays flat at these rows, but its kernel choice per shape varies
+
+Which wins is not a function of the element count: on an H100 the demo model's LM head (8192 x 384, 3.1M
+elements) ran 0.84x of cuBLAS on the GEMV at 2 rows, on an H200 Qwen3-0.6B's down projection (1024 x 3072, as
+many elements) 1.41x (docs/BENCHMARKS.md, forty-second and forty-third sessions). So the warm-up times both at 2, 4
+and 8 rows (ROW_BUCKETS; 3 rows take 4's answer, 5-8 take 8's) for each weight shape of the model and keeps the
+faster by medians; a shape not measured (a weight of a model that was not warmed up) keeps dispatch's rule by
+element count.
+
+Each kernel is timed as a step runs it: CALLS calls captured in one CUDA graph, the graph replayed REPLAYS times
+between two events, ROUNDS such bursts of each kernel interleaved. Timed eagerly, every GEMV call would pay
+Triton's host-side launch (~20 us), and the GEMV lost every shape that way (forty-third session). Buckets where
+M x elements exceed MAX_ROW_ELEMENTS are not timed: the GEMV lost on every such shape measured. The weights stay
+in L2 across a burst, as a small model's do in its forward; a large model's are streamed from HBM there, which
+the GEMV at one row is tuned for, not the choice at several.
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
+
+Matmul = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# prepares bursts of a call (compiling it first, outside any capture); the function it returns runs one burst and
+# gives the seconds one call took
+Burst = Callable[[Callable[[], object]], Callable[[], float]]
+
+ROW_BUCKETS = (2, 4, 8)
+ROUNDS = 5  # timed bursts of each kernel per bucket, interleaved
+CALLS = 16  # calls captured in a burst's graph
+REPLAYS = 4  # replays of the graph a burst (the first replay's launch gap spread thin)
+MAX_ROW_ELEMENTS = 1 << 25  # rows x weight elements beyond which a bucket is not timed (cuBLAS takes it)
+
+_choices: dict[tuple[int, int, torch.dtype, int], bool] = {}  # (N, K, dtype, row bucket) -> the GEMV is faster
+
+
+def row_bucket(rows: int) -> int:
+    """The timed row count that answers for `rows` (2..ROW_BUCKETS[-1]): the smallest bucket at or above it."""
+    return next(b for b in ROW_BUCKETS if b >= rows)
+
+
+def gemv_is_faster(weight: torch.Tensor, rows: int) -> bool | None:
+    """Whether the GEMV beat cuBLAS for `rows` rows of x at this weight's shape (None: not measured)."""
+    return _choices.get((weight.shape[0], weight.shape[1], weight.dtype, row_bucket(rows)))
+
+
+def graph_burst(fn: Callable[[], object]) -> Callable[[], float]:
+    """CALLS calls of `fn` captured in a CUDA graph (after one eager call: compiles, cuBLAS's handle); returns the
+    timer of a burst: REPLAYS replays between two events on the current stream, seconds per call."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS):
+            fn()
+
+    def timed() -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(REPLAYS):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1000 / (REPLAYS * CALLS)
+
+    timed()  # the first replay uploads the graph
+    return timed
+
+
+def pending(weights: Iterable[torch.Tensor]) -> list[tuple[torch.Tensor, int]]:
+    """(weight, rows) of every bucket not measured yet within MAX_ROW_ELEMENTS, one weight per (shape, dtype)."""
+    todo: dict[tuple[int, int, torch.dtype, int], tuple[torch.Tensor, int]] = {}
+    for weight in weights:
+        n, k = weight.shape
+        for rows in ROW_BUCKETS:
+            key = (n, k, weight.dtype, rows)
+            if key not in _choices and rows * n * k <= MAX_ROW_ELEMENTS:
+                todo.setdefault(key, (weight, rows))
+    return list(todo.values())
+
+
+def first_calls(todo: list[tuple[torch.Tensor, int]], gemv: Matmul) -> None:
+    """One GEMV call of each pending bucket: under lamina.worker.warmup.precompile, what compiles its variants
+    together before they are timed."""
+    for weight, rows in todo:
+        gemv(_rows_of(weight, rows), weight)
+
+
+def calibrate(todo: list[tuple[torch.Tensor, int]], gemv: Matmul, burst: Burst = graph_burst) -> dict[str, int]:
+    """Time `gemv` against F.linear on each pending (weight, rows) and keep the choices; returns how many buckets
+    went to each kernel ({"gemv": .., "cublas": ..})."""
+    counts = {"gemv": 0, "cublas": 0}
+    for weight, rows in todo:
+        x = _rows_of(weight, rows)
+        timers = (burst(lambda: gemv(x, weight)), burst(lambda: F.linear(x, weight)))  # noqa: B023 (used here)
+        seconds: tuple[list[float], list[float]] = ([], [])
+        for _ in range(ROUNDS):
+            for times, timer in zip(seconds, timers):
+                times.append(timer())
+        gemv_s, cublas_s = statistics.median(seconds[0]), statistics.median(seconds[1])
+        faster = gemv_s < cublas_s
+        logger.debug("%s x %d rows: GEMV %.2f us, cuBLAS %.2f us", tuple(weight.shape), rows, gemv_s * 1e6,
+                     cublas_s * 1e6)
+        _choices[weight.shape[0], weight.shape[1], weight.dtype, rows] = faster
+        counts["gemv" if faster else "cublas"] += 1
+    return counts
+
+
+def linear_weights(model: torch.nn.Module, dtypes: tuple[torch.dtype, ...]) -> list[torch.Tensor]:
+    """The model's 2-D contiguous parameters in `dtypes` (its linear layers', its LM head's; an untied embedding
+    table too, which costs a few timed calls), one per distinct (shape, dtype)."""
+    seen: dict[tuple, torch.Tensor] = {}
+    for param in model.parameters():
+        if param.dim() == 2 and param.dtype in dtypes and param.is_contiguous():
+            seen.setdefault((*param.shape, param.dtype), param)
+    return list(seen.values())
+
+
+def _rows_of(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
