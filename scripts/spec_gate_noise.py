@@ -8,28 +8,29 @@ host whose speed moves between windows, as the H100 / H200 hosts' did by 7-16 % 
 ratio and noise, the share of windows run with speculation and the throughput against an engine without
 speculation on the same host (the same noise draws); then how many windows the gate takes to follow a change of
 workload (speculation at 0.90 of plain for SETTLE windows, then at 1.12: the windows until it leads), median and
-90th percentile over the seeds.
+90th percentile over the seeds; then, at batch 1, the throughput over always running the fastest arm where greedy
+and sampled rows alternate (ALTERNATING) and the gate measures them apart, against one bucket for both.
 """
 from __future__ import annotations
 
 import argparse
 import random
 
-from lamina.engine.spec_gate import SpecGate
+from lamina.engine.spec_gate import Arm, SpecGate
 
 RATIOS = (0.43, 0.50, 0.90, 0.95, 0.97, 1.00, 1.03, 1.05, 1.10, 1.20, 2.00)
 NOISES = (0.0, 0.05, 0.10, 0.20)
 SETTLE = 300  # windows of the first workload before the change
 
 
-def window_steps(gate: SpecGate, rate: float) -> float:
+def window_steps(gate: SpecGate, rate: float, greedy: bool = False) -> float:
     """Feed the gate one window of steps at `rate` (a step: one token in 1 / rate seconds) until it ends the window
-    (WINDOW steps; a probe may end sooner); the window's seconds."""
+    (WINDOW steps; a probe may end sooner); the window's seconds. `greedy`: the steps' rows all are."""
     if gate.window_log is None:
         gate.window_log = []
     ended, seconds = len(gate.window_log), 0.0
     while len(gate.window_log) == ended:
-        gate.observe(1, 1, 1 / rate, gate.arm)
+        gate.observe(1, 1, 1 / rate, gate.arm, greedy=greedy)
         seconds += 1 / rate
     return seconds
 
@@ -54,9 +55,30 @@ def windows_to_follow(noise: float, seed: int, before: float = 0.90, after: floa
     for window in range(SETTLE + limit):
         ratio = before if window < SETTLE else after
         window_steps(gate, (1.0 if gate.plain else ratio) * rng.uniform(1 - noise, 1 + noise))
-        if window >= SETTLE and not gate.plain and gate.buckets[1].leader is gate.arm:
+        if window >= SETTLE and not gate.plain and gate.buckets[1, False].leader is gate.arm:
             return window - SETTLE
     return limit
+
+
+# batch 1, rates over plain's: greedy rows where drafting without the policy (FULL) beats the policy (SPEC),
+# sampled ones where it does not or barely (shaped after the H200's n-gram rows, docs/BENCHMARKS.md, session 42)
+ALTERNATING = [(True, {Arm.SPEC: 1.6, Arm.FULL: 2.2}), (False, {Arm.SPEC: 1.3, Arm.FULL: 1.0}),
+               (True, {Arm.SPEC: 1.5, Arm.FULL: 1.9}), (False, {Arm.SPEC: 1.2, Arm.FULL: 1.25}),
+               (True, {Arm.SPEC: 1.7, Arm.FULL: 2.4}), (False, {Arm.SPEC: 1.25, Arm.FULL: 1.2})]
+
+
+def alternating(apart: bool, windows: int, noise: float, seed: int, rounds: int = 3) -> float:
+    """Throughput against always running each row's fastest arm, over `rounds` of ALTERNATING's rows of `windows`
+    windows each; apart=False: the steps are all told sampled (one bucket for both kinds, as before session 44)."""
+    rng, gate = random.Random(seed), SpecGate(full=True)
+    seconds = best_seconds = 0.0
+    for greedy, rates in ALTERNATING * rounds:
+        rates = {Arm.PLAIN: 1.0, **rates}
+        for _ in range(windows):
+            rate = rates[gate.arm]
+            took = window_steps(gate, rate * rng.uniform(1 - noise, 1 + noise), greedy and apart)
+            seconds, best_seconds = seconds + took, best_seconds + took * rate / max(rates.values())
+    return best_seconds / seconds
 
 
 def main() -> None:
@@ -77,6 +99,12 @@ def main() -> None:
     for noise in NOISES:
         taken = sorted(windows_to_follow(noise, seed) for seed in range(args.seeds))
         print(f"  noise {noise:.2f}: {taken[len(taken) // 2]} / {taken[int(0.9 * (len(taken) - 1))]}")
+    print("greedy and sampled rows alternating (ALTERNATING), throughput against each row's fastest arm:")
+    for windows in (30, 100):
+        for noise in NOISES:
+            apart, shared = (sum(alternating(a, windows, noise, seed) for seed in range(args.seeds)) / args.seeds
+                             for a in (True, False))
+            print(f"  {windows} windows a row, noise {noise:.2f}: measured apart {apart:.3f}, one bucket {shared:.3f}")
 
 
 if __name__ == "__main__":

@@ -21,15 +21,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lamina import DEMO_MODEL, LLM, SamplingParams
 from lamina.bench.concurrency import closed_loop_requests, steady_throughput
 from lamina.bench.spec import CLOSED_LOOP_REQUESTS, PROMPT_SETS
-from lamina.engine.spec_gate import WindowRecord
+from lamina.engine.spec_gate import Bucket, WindowRecord
 
 
 def summarise(windows: list[WindowRecord]) -> list[dict]:
-    groups: dict[tuple[int, str], list[WindowRecord]] = {}
+    groups: dict[tuple[Bucket, str], list[WindowRecord]] = {}
     for w in windows:
         if w.recorded:
             groups.setdefault((w.bucket, w.arm.value), []).append(w)
-    return [{"bucket": bucket, "arm": arm, "windows": len(ws),
+    return [{"bucket": bucket.label, "arm": arm, "windows": len(ws),
              "rate": statistics.median(w.tokens / w.seconds for w in ws),
              "tokens_per_step": statistics.median(w.tokens / w.counted for w in ws),
              "ms_per_step": statistics.median(1000 * w.seconds / w.counted for w in ws)}
@@ -65,9 +65,9 @@ def main() -> int:
             print(f"repeat {repeat} concurrency {concurrency}: off {row['off_tok_s']:.0f} ngram "
                   f"{row['ngram_tok_s']:.0f} tok/s ({row['ratio']:.2f}x)")
             for s in row["windows"]:
-                print(f"    bucket {s['bucket']:4d} {s['arm']:5s} windows {s['windows']:3d} rate {s['rate']:9.0f} "
+                print(f"    bucket {s['bucket']:>12s} {s['arm']:5s} windows {s['windows']:3d} rate {s['rate']:9.0f} "
                       f"tokens/step {s['tokens_per_step']:7.1f} ms/step {s['ms_per_step']:6.2f}")
-    state = {bucket: s.as_dict() for bucket, s in sorted(gate.buckets.items())}
+    state = {bucket.label: s.as_dict() for bucket, s in sorted(gate.buckets.items())}
     for bucket, s in state.items():
         print(f"  gate bucket {bucket}: {s}")
     if args.result_file:

@@ -249,12 +249,14 @@ def turns(engines: list, repeat: int) -> list:
 
 
 def _gate_state(llm: LLM) -> dict:
-    """The speculation gate's state per batch bucket at the end (lamina/engine/spec_gate.py); {} without one."""
+    """The speculation gate's state per bucket at the end (lamina/engine/spec_gate.py), keyed "ROWS greedy" or
+    "ROWS sampled"; {} without one."""
     speculator = llm.engine.speculator
     gate = speculator.gate if speculator is not None else None
     if gate is None:
         return {}
-    return {str(bucket): {**state.as_dict(), **({"mode": gate.modes[bucket].as_dict()} if bucket in gate.modes else {})}
+    modes = {bucket: {"mode": state.as_dict()} for bucket, state in gate.modes.items()}
+    return {bucket.label: {**state.as_dict(), **modes.get(bucket, {})}
             for bucket, state in sorted(gate.buckets.items())}
 
 

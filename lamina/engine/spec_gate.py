@@ -11,11 +11,15 @@ A window's rate is the tokens its steps emitted over their wall time, counting o
 decided in the window's arm (not its first: those were decided before it began), that compiled no kernel and that
 were no stall (more than STALL_FACTOR times the window's median step: a first use, a garbage collection; one such
 step in a 16-step window would make its arm look several times slower, and the probes' EMA would carry it).
-Each batch-size bucket (the rows of a step, by powers of two) has a leading arm, and the other is probed for one
-window after `gap` windows of the leader. The host's speed drifts by tens of percent over seconds (seen on the
-H200's host), so a probe is judged against its neighbours: its rate over the mean rate of the leader's windows just
-before and just after it is one sample of speculation's advantage (log of spec rate over plain rate), an EMA over
-probes decides the leader:
+Each bucket (the rows of a step by powers of two, and whether every row is greedy) has a leading arm, and the other
+is probed for one window after `gap` windows of the leader. Greedy and sampled steps are measured apart: what
+drafts buy differs between them by more than the arms' margins (acceptance; FULL looks ahead only while every row
+is greedy, below). At batch 1 on an H200 n-gram ran at 2.0-2.3x greedy and 1.3-1.7x at T = 0.6, and without the
+policy at 0.93x on chat at T = 0.6 against the policy's 1.28x (docs/BENCHMARKS.md, forty-second session); one
+bucket for both relearnt its leaders at every change between them. The host's speed drifts by tens of percent
+over seconds (seen on the H200's host), so a probe is judged against its neighbours: its rate over the mean rate of
+the leader's windows just before and just after it is one sample of speculation's advantage (log of spec rate over
+plain rate), an EMA over probes decides the leader:
 
     window:   1  2  3  4  5  6  7  8  9 10 11 12 13 14 15 ...
     arm:      S  P  S  S  P  S  S  S  S  P  S  S  S  S  S ...   (the leader S, its probes losing narrowly)
@@ -59,6 +63,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 WINDOW = 16  # steps a window (a batch-1 step of the demo model is ~0.3-0.5 ms on the H200, ~4 ms on the CPU)
 MAX_GAP = 64  # windows of the leader between two probes, at most
@@ -94,6 +99,19 @@ def ema(old: float | None, sample: float) -> float:
 def batch_bucket(num_rows: int) -> int:
     """The power of two at or above `num_rows`: rows 1, 2, 3-4, 5-8, 9-16, ... share a bucket."""
     return 1 << max(0, num_rows - 1).bit_length()
+
+
+class Bucket(NamedTuple):
+    """Where a step's window is measured: its rows' batch_bucket, and whether every row is greedy (a tuple: the
+    states are looked up every step)."""
+
+    rows: int
+    greedy: bool = False
+
+    @property
+    def label(self) -> str:
+        """"ROWS greedy" or "ROWS sampled" (reports)."""
+        return f"{self.rows} {'greedy' if self.greedy else 'sampled'}"
 
 
 @dataclass
@@ -182,7 +200,7 @@ class BucketState:
 class WindowRecord:
     """One window that ended, as SpecGate.window_log keeps it (profiling)."""
 
-    bucket: int
+    bucket: Bucket
     arm: Arm
     steps: int
     counted: int  # steps whose drafts were decided in `arm`, without a compile or a stall
@@ -199,12 +217,12 @@ class SpecGate:
 
     def __init__(self, window: int = WINDOW, max_gap: int = MAX_GAP, full: bool = False) -> None:
         self.window, self.max_gap, self.full_arm = window, max_gap, full
-        self.buckets: dict[int, BucketState] = {}  # speculation (SPEC) against plain, per bucket
-        self.modes: dict[int, BucketState] = {}  # a speculating window's mode: FULL against SPEC (full=True)
+        self.buckets: dict[Bucket, BucketState] = {}  # speculation (SPEC) against plain, per bucket
+        self.modes: dict[Bucket, BucketState] = {}  # a speculating window's mode: FULL against SPEC (full=True)
         self.window_log: list[WindowRecord] | None = None
         self._arm = Arm.SPEC
         self._held: Arm | None = None  # hold's arm: every window runs in it
-        self._bucket: int | None = None  # the window's bucket
+        self._bucket: Bucket | None = None  # the window's bucket
         self._steps = 0  # steps of the window so far
         self._seconds = 0.0  # their wall time
         self._limit: float | None = None  # a probe's: it ends once its steps took this long (a leader window's)
@@ -234,12 +252,13 @@ class SpecGate:
         self._held, self._bucket = arm, None
         self._arm = Arm.SPEC if arm is None else arm
 
-    def observe(self, num_rows: int, num_tokens: int, seconds: float, arm: Arm, countable: bool = True) -> None:
+    def observe(self, num_rows: int, num_tokens: int, seconds: float, arm: Arm, countable: bool = True,
+                greedy: bool = False) -> None:
         """One step of `num_rows` rows emitted `num_tokens` tokens in `seconds`. `arm`: the arm its drafts were
-        decided in (the window's when it counts); countable: it compiled no kernel."""
+        decided in (the window's when it counts); countable: it compiled no kernel; greedy: every row is."""
         if num_rows <= 0:
             return
-        bucket = batch_bucket(num_rows)
+        bucket = Bucket(batch_bucket(num_rows), greedy)
         if bucket != self._bucket:
             self._end_window(complete=False)
             self._start_window(bucket)
@@ -254,7 +273,7 @@ class SpecGate:
         """Whether a probe has taken a leader window's time (and run MIN_PROBE_STEPS)."""
         return self._limit is not None and self._steps >= MIN_PROBE_STEPS and self._seconds >= self._limit
 
-    def _start_window(self, bucket: int) -> None:
+    def _start_window(self, bucket: Bucket) -> None:
         self._bucket, self._steps, self._seconds, self._counted, self._limit = bucket, 0, 0.0, [], None
         state = self.buckets.setdefault(bucket, BucketState())
         if self._held is not None:
@@ -263,7 +282,7 @@ class SpecGate:
         self._arm, pair = state.next_arm(), state
         if self._arm is Arm.SPEC and self.full_arm:
             if bucket not in self.modes:
-                self.modes[bucket] = BucketState(Arm.FULL, Arm.SPEC, full_margin(bucket), leader=Arm.SPEC)
+                self.modes[bucket] = BucketState(Arm.FULL, Arm.SPEC, full_margin(bucket.rows), leader=Arm.SPEC)
             mode = self.modes[bucket]
             # the modes are compared once speculation leads (its first probe of plain judged); else its leader runs
             explore = state.leader is Arm.SPEC and state.advantage is not None

@@ -307,7 +307,7 @@ class Speculator:
         even with no match in sight): only while every request is greedy. A look misses the matches that begin with
         the token in flight; measured on GPUs it pays for greedy requests, and for sampled ones not on every prompt
         set (docs/speculative.md, "Looking ahead in FULL windows")."""
-        return all(r.sampling_params.greedy for r in running)
+        return all_greedy(running)
 
     def _match_in_sight(self, running: list[Request]) -> bool:
         """Whether any request that may draft has a match in the tokens read so far (a look: its drafts would
@@ -316,10 +316,11 @@ class Speculator:
         return any(self.proposer.has_match(self._arrays.of(r)) for r in running
                    if max_drafts(r, self.k, self.max_model_len, ahead=1))
 
-    def after_step(self, scheduled: SchedulerOutput, step_seconds: float) -> None:
+    def after_step(self, scheduled: SchedulerOutput, step_seconds: float, requests: list[Request]) -> None:
         """The step's wall time, once its outputs are processed: the verify time, the policy's cost model, and
         the share of a step that the decision after it took. The decision ran inside the step's call; the policy
-        charges it apart (c_draft), so its cost model gets the step without it."""
+        charges it apart (c_draft), so its cost model gets the step without it. `requests`: the step's (the gate
+        measures greedy steps apart)."""
         if scheduled.scheduled_spec_decode_tokens:
             self.stats.verify_seconds += step_seconds
         decision, self._decision_seconds = self._decision_seconds, None
@@ -333,7 +334,7 @@ class Speculator:
             self.stats.plain_steps += arm is Arm.PLAIN
             self.stats.full_steps += arm is Arm.FULL
             self.gate.observe(len(scheduled.req_ids), self._emitted, step_seconds, self._step_arm,
-                              countable=not self._compiled)
+                              countable=not self._compiled, greedy=all_greedy(requests))
 
     def _observe_decision(self, seconds: float, step_seconds: float) -> None:
         if step_seconds > 0:
@@ -383,3 +384,8 @@ def make_policy(spec: SpeculativeConfig, config: EngineConfig, device: torch.dev
                       graph_query_lens=spec.verify_query_lens if graphs else (),
                       graph_max_rows=min(config.cuda_graph_max_batch_size, sched.max_num_seqs) if graphs else 0,
                       max_step_tokens=sched.max_num_batched_tokens)
+
+
+def all_greedy(requests: list[Request]) -> bool:
+    """Whether every request samples greedily."""
+    return all(r.sampling_params.greedy for r in requests)

@@ -13,10 +13,11 @@ from tests.helpers.spec_cases import NGRAM_K3, REPEATING, greedy_reference, tiny
 from tests.helpers.tiny_models import make_tiny_model
 
 
-def run(gate: SpecGate, windows: int, rate_of, rows: int = 1, rng: random.Random | None = None) -> str:  # noqa: ANN001
+def run(gate: SpecGate, windows: int, rate_of, rows: int = 1, rng: random.Random | None = None,  # noqa: ANN001
+        greedy: bool = False) -> str:
     """Feed `windows` windows of steps to the gate, each step emitting `rate_of(arm)` tokens a second (times a
     random factor in [0.7, 1.3] with `rng`) until the gate ends its window (WINDOW steps, a probe fewer: the
-    leader's window time); 'S' / 'P' / 'F' for each window's arm."""
+    leader's window time); 'S' / 'P' / 'F' for each window's arm. `greedy`: the steps' rows all are."""
     if gate.window_log is None:
         gate.window_log = []
     arms = []
@@ -25,7 +26,7 @@ def run(gate: SpecGate, windows: int, rate_of, rows: int = 1, rng: random.Random
         arms.append(arm.name[0])
         while len(gate.window_log) == ended:
             noise = rng.uniform(0.7, 1.3) if rng else 1.0
-            gate.observe(rows, num_tokens=rows, seconds=rows / (rate_of(arm) * noise), arm=gate.arm)
+            gate.observe(rows, num_tokens=rows, seconds=rows / (rate_of(arm) * noise), arm=gate.arm, greedy=greedy)
     return "".join(arms)
 
 
@@ -48,7 +49,7 @@ def test_where_speculation_loses_it_runs_only_as_probes_costing_the_budget() -> 
     assert arms.startswith("SPS") and runs_between(arms, "S") == [1, 22, 44, MAX_GAP]
     probes = [w for w in gate.window_log if w.arm is Arm.SPEC][2:]
     assert {w.steps for w in probes} == {13}  # 16 plain steps' time: 12.8 speculating ones, the 13th ends it
-    state = gate.buckets[1]
+    state = gate.buckets[1, False]
     assert state.leader is Arm.PLAIN and state.gap == MAX_GAP
     assert (state.first_windows, state.second_windows) == (5, 155)
     assert abs(state.advantage - math.log(0.8)) < 1e-9
@@ -62,7 +63,7 @@ def test_where_speculation_wins_plain_windows_are_rare_probes() -> None:
     arms = run(gate, 140, lambda arm: 2000.0 if arm is Arm.SPEC else 1000.0)
     assert arms.startswith("SP" + "S" * 49 + "P") and arms.count("P") == 3
     assert [w.steps for w in gate.window_log if w.arm is Arm.PLAIN][1:] in ([8, 8], [9, 9])  # 8 steps' time, rounded
-    assert gate.buckets[1].leader is Arm.SPEC
+    assert gate.buckets[1, False].leader is Arm.SPEC
 
 
 def test_narrow_losses_are_probed_often_then_less() -> None:
@@ -70,10 +71,10 @@ def test_narrow_losses_are_probed_often_then_less() -> None:
     gate = SpecGate()
     arms = run(gate, 80, lambda arm: 1010.0 if arm is Arm.SPEC else 1000.0)
     assert arms.startswith("SPSPSPPS") and runs_between(arms, "S") == [1, 1, 2, 4, 8, 16, 32]
-    assert gate.buckets[1].leader is Arm.PLAIN
+    assert gate.buckets[1, False].leader is Arm.PLAIN
     gate = SpecGate()
     run(gate, 40, lambda arm: 1000.0 * (1 + 2 * SPEC_MARGIN) if arm is Arm.SPEC else 1000.0)
-    assert gate.buckets[1].leader is Arm.SPEC
+    assert gate.buckets[1, False].leader is Arm.SPEC
 
 
 def test_a_change_of_workload_moves_the_lead() -> None:
@@ -95,12 +96,12 @@ def test_a_probe_that_finds_the_other_arm_faster_is_followed_up_soon() -> None:
     gap and a half, where confirming at MAX_GAP would take three gaps."""
     gate, speed = SpecGate(), {"spec": 900.0}
     run(gate, 300, lambda arm: speed["spec"] if arm is Arm.SPEC else 1000.0)
-    assert gate.buckets[1].leader is Arm.PLAIN and gate.buckets[1].gap == MAX_GAP
+    assert gate.buckets[1, False].leader is Arm.PLAIN and gate.buckets[1, False].gap == MAX_GAP
     speed["spec"] = 1120.0
     arms = run(gate, 3 * MAX_GAP, lambda arm: speed["spec"] if arm is Arm.SPEC else 1000.0)
     probes = [i for i, arm in enumerate(arms) if arm == "S"]
     assert probes[1] - probes[0] < MAX_GAP // 2  # the contradicting probe is followed up at once, not MAX_GAP on
-    assert gate.buckets[1].leader is Arm.SPEC and arms.index("SS") < MAX_GAP + MAX_GAP // 2
+    assert gate.buckets[1, False].leader is Arm.SPEC and arms.index("SS") < MAX_GAP + MAX_GAP // 2
 
 
 def test_noisy_windows_still_leave_a_losing_arm_rarely_run() -> None:
@@ -132,7 +133,25 @@ def test_buckets_learn_apart() -> None:
     for _ in range(10):
         run(gate, 10, lambda arm: 2000.0 if arm is Arm.SPEC else 1000.0, rows=1)
         run(gate, 10, lambda arm: 800.0 if arm is Arm.SPEC else 1000.0, rows=8)
-    assert gate.buckets[1].leader is Arm.SPEC and gate.buckets[8].leader is Arm.PLAIN
+    assert gate.buckets[1, False].leader is Arm.SPEC and gate.buckets[8, False].leader is Arm.PLAIN
+
+
+def test_greedy_and_sampled_steps_learn_apart() -> None:
+    """At one row drafting without the policy (FULL) is 1.5x the policy's rate on greedy steps and 0.7x on sampled
+    ones, the workload changing every 30 windows: each kind keeps its own leaders, so once both are learnt a change
+    runs the faster mode from its first window (the window the change cuts short was the other kind's). One bucket
+    for both led each change with the mode of the kind before it until its probes turned the lead: 12-18 FULL
+    windows of 30 greedy ones."""
+    gate = SpecGate(full=True)
+    greedy_rates = {Arm.FULL: 3000.0, Arm.SPEC: 2000.0, Arm.PLAIN: 1000.0}.get
+    sampled_rates = {Arm.FULL: 1400.0, Arm.SPEC: 2000.0, Arm.PLAIN: 1000.0}.get
+    for _ in range(3):
+        run(gate, 30, greedy_rates, greedy=True)
+        run(gate, 30, sampled_rates)
+    assert gate.modes[1, True].leader is Arm.FULL and gate.modes[1, False].leader is Arm.SPEC
+    greedy, sampled = run(gate, 30, greedy_rates, greedy=True), run(gate, 30, sampled_rates)
+    assert greedy[1:5] == "FFFF" and greedy.count("F") >= 27, greedy
+    assert sampled[1:5] == "SSSS" and sampled.count("S") >= 27, sampled
 
 
 def test_steps_decided_in_the_other_arm_and_compiling_steps_are_not_counted() -> None:
@@ -142,7 +161,7 @@ def test_steps_decided_in_the_other_arm_and_compiling_steps_are_not_counted() ->
     gate.observe(1, 1, 100.0, arm=Arm.SPEC, countable=False)
     for _ in range(WINDOW - 2):
         gate.observe(1, 1, 0.001, arm=Arm.SPEC)
-    assert abs(gate.buckets[1].first_rate - 1000) < 1e-6 and gate.plain
+    assert abs(gate.buckets[1, False].first_rate - 1000) < 1e-6 and gate.plain
 
 
 def test_a_stall_does_not_decide_the_lead() -> None:
@@ -153,9 +172,9 @@ def test_a_stall_does_not_decide_the_lead() -> None:
     gate.window_log = []
     for i in range(WINDOW):
         gate.observe(1, 1, 0.63 if i == 1 else 1 / 1300, arm=Arm.SPEC)
-    assert gate.window_log[-1].counted == WINDOW - 1 and abs(gate.buckets[1].first_rate - 1300) < 1e-6
+    assert gate.window_log[-1].counted == WINDOW - 1 and abs(gate.buckets[1, False].first_rate - 1300) < 1e-6
     arms = run(gate, 40, lambda arm: 1300.0 if arm is Arm.SPEC else 1000.0)
-    assert arms.startswith("PS") and arms.count("P") <= 3 and gate.buckets[1].leader is Arm.SPEC, arms
+    assert arms.startswith("PS") and arms.count("P") <= 3 and gate.buckets[1, False].leader is Arm.SPEC, arms
 
 
 def test_a_window_cut_short_by_the_batch_counts_only_if_half_ran() -> None:
@@ -163,11 +182,11 @@ def test_a_window_cut_short_by_the_batch_counts_only_if_half_ran() -> None:
     for _ in range(WINDOW // 2 - 1):
         gate.observe(1, 1, 0.001, arm=Arm.SPEC)
     gate.observe(2, 2, 0.001, arm=Arm.SPEC)  # the batch grows: a window of 7 steps, not counted; bucket 2 starts
-    assert gate.buckets[1].first_rate is None
+    assert gate.buckets[1, False].first_rate is None
     for _ in range(WINDOW // 2 - 1):
         gate.observe(2, 2, 0.001, arm=Arm.SPEC)
     gate.observe(1, 1, 0.001, arm=Arm.SPEC)  # back to bucket 1: bucket 2's window had half its steps and counts
-    assert gate.buckets[2].first_rate is not None and not gate.plain  # bucket 1 still speculates first
+    assert gate.buckets[2, False].first_rate is not None and not gate.plain  # bucket 1 still speculates first
 
 
 def test_bucket_state_probe_schedule() -> None:
@@ -196,7 +215,7 @@ def test_the_engine_runs_plain_windows_without_drafts_and_feeds_the_gate(tmp_pat
     llm = tiny_llm(model, speculative_config=NGRAM_K3)
     engine = llm.engine
     gate = engine.speculator.gate
-    gate.buckets[1] = BucketState(first_rate=1.0, second_rate=2.0, leader=Arm.PLAIN, gap=MAX_GAP)
+    gate.buckets[1, True] = BucketState(first_rate=1.0, second_rate=2.0, leader=Arm.PLAIN, gap=MAX_GAP)  # greedy
     engine.step_log = []
     got = llm.generate(REPEATING, params, use_tqdm=False)
     assert got[0].outputs[0].token_ids == want[0].outputs[0].token_ids
@@ -209,8 +228,25 @@ def test_the_engine_runs_plain_windows_without_drafts_and_feeds_the_gate(tmp_pat
     llm = tiny_llm(model, speculative_config=NGRAM_K3)
     got = llm.generate(REPEATING, params, use_tqdm=False)
     assert got[0].outputs[0].token_ids == want[0].outputs[0].token_ids
-    state, stats = llm.engine.speculator.gate.buckets[1], llm.engine.get_stats().spec
+    state, stats = llm.engine.speculator.gate.buckets[1, True], llm.engine.get_stats().spec
     assert state.first_rate > 0 and state.second_rate > 0 and stats.num_drafts > 0 and stats.plain_steps >= WINDOW - 1
+    llm.engine.check_integrity()
+
+
+def test_the_engine_measures_greedy_and_sampled_steps_apart(tmp_path) -> None:
+    """An n-gram engine's gate puts the windows of a greedy request and of a sampled one in their own buckets."""
+    model, params, want = greedy_reference(tmp_path, max_tokens=40)
+    llm = tiny_llm(model, speculative_config=NGRAM_K3)
+    gate = llm.engine.speculator.gate
+    gate.window_log = []
+    sampled = SamplingParams(temperature=0.8, seed=3, max_tokens=40, ignore_eos=True)
+    got = llm.generate(REPEATING, params, use_tqdm=False)
+    greedy_windows = len(gate.window_log)
+    llm.generate(REPEATING, sampled, use_tqdm=False)
+    assert got[0].outputs[0].token_ids == want[0].outputs[0].token_ids
+    assert {w.bucket for w in gate.window_log[:greedy_windows]} == {(1, True)}
+    assert {w.bucket for w in gate.window_log[greedy_windows + 1:]} == {(1, False)} and set(gate.buckets) == {
+        (1, True), (1, False)}
     llm.engine.check_integrity()
 
 
@@ -229,8 +265,8 @@ def test_the_window_log_keeps_every_window_that_ended() -> None:
         gate.observe(2, 2, 0.001, arm=gate.arm)  # bucket 2: cuts the fourth window after 0 steps
     log = gate.window_log
     assert [(w.bucket, w.arm, w.steps, w.recorded) for w in log] == [
-        (1, Arm.SPEC, WINDOW, True), (1, Arm.PLAIN, WINDOW, True), (1, Arm.SPEC, WINDOW, True),
-        (1, Arm.PLAIN, 0, False)]
+        ((1, False), Arm.SPEC, WINDOW, True), ((1, False), Arm.PLAIN, WINDOW, True),
+        ((1, False), Arm.SPEC, WINDOW, True), ((1, False), Arm.PLAIN, 0, False)]
     assert abs(log[0].tokens / log[0].seconds - 800) < 1e-6 and log[1].counted == WINDOW
 
 
@@ -242,7 +278,7 @@ def test_without_drafts_the_engine_steps_as_without_speculation(tmp_path) -> Non
     model = make_tiny_model("llama", tmp_path / "m", vocab_size=320)
     requests = [({"prompt_token_ids": list(range(10 + i, 18 + i))},
                  SamplingParams(temperature=0, max_tokens=4 + 3 * (i % 4), ignore_eos=True)) for i in range(12)]
-    plain = {b: BucketState(leader=Arm.PLAIN, gap=MAX_GAP) for b in (1, 2, 4)}
+    plain = {(b, True): BucketState(leader=Arm.PLAIN, gap=MAX_GAP) for b in (1, 2, 4)}  # greedy
     steps = []
     for spec in (None, {"method": "ngram"}):
         llm = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64, speculative_config=spec)
@@ -265,8 +301,8 @@ def test_speculating_windows_draft_without_the_policy_where_that_is_faster() -> 
     gate = SpecGate(full=True)
     arms = run(gate, 120, {Arm.FULL: 1200.0, Arm.SPEC: 1000.0, Arm.PLAIN: 600.0}.get)
     assert arms.startswith("SPSFSFFF") and arms[4:].count("F") >= 100 and "S" in arms[40:] and arms.count("P") <= 4
-    assert gate.buckets[1].leader is Arm.SPEC and gate.modes[1].leader is Arm.FULL
-    assert abs(gate.modes[1].advantage - math.log(1.2)) < 0.05
+    assert gate.buckets[1, False].leader is Arm.SPEC and gate.modes[1, False].leader is Arm.FULL
+    assert abs(gate.modes[1, False].advantage - math.log(1.2)) < 0.05
 
 
 def test_drafts_without_the_policy_that_lose_are_only_probed() -> None:
@@ -275,7 +311,7 @@ def test_drafts_without_the_policy_that_lose_are_only_probed() -> None:
     gate = SpecGate(full=True)
     arms = run(gate, 120, {Arm.FULL: 700.0, Arm.SPEC: 1000.0, Arm.PLAIN: 900.0}.get)
     assert arms.startswith("SPSFSSSS") and arms.count("F") <= 4 and arms.count("P") <= 6, arms
-    assert gate.buckets[1].leader is Arm.SPEC and gate.modes[1].leader is Arm.SPEC
+    assert gate.buckets[1, False].leader is Arm.SPEC and gate.modes[1, False].leader is Arm.SPEC
 
 
 def test_drafts_without_the_policy_need_a_wider_edge_where_a_bucket_holds_several_rows() -> None:
@@ -286,9 +322,9 @@ def test_drafts_without_the_policy_need_a_wider_edge_where_a_bucket_holds_severa
     several, one = SpecGate(full=True), SpecGate(full=True)
     run(several, 120, rates, rows=8)
     run(one, 120, rates, rows=1)
-    assert several.modes[8].leader is Arm.SPEC and several.buckets[8].leader is Arm.SPEC
-    assert one.modes[1].leader is Arm.FULL and one.buckets[1].leader is Arm.SPEC
-    assert abs(several.modes[8].advantage - math.log(1.04)) < 1e-6 and FULL_MARGIN > 0.04 > SPEC_MARGIN
+    assert several.modes[8, False].leader is Arm.SPEC and several.buckets[8, False].leader is Arm.SPEC
+    assert one.modes[1, False].leader is Arm.FULL and one.buckets[1, False].leader is Arm.SPEC
+    assert abs(several.modes[8, False].advantage - math.log(1.04)) < 1e-6 and FULL_MARGIN > 0.04 > SPEC_MARGIN
     assert full_margin(1) == SPEC_MARGIN and full_margin(2) == full_margin(256) == FULL_MARGIN
 
 
@@ -298,8 +334,8 @@ def test_where_plain_leads_drafts_without_the_policy_are_not_probed() -> None:
     inside speculation's probes, both arms' losses at once)."""
     gate = SpecGate(full=True)
     arms = run(gate, 300, {Arm.FULL: 450.0, Arm.SPEC: 980.0, Arm.PLAIN: 1000.0}.get, rows=128)
-    assert arms.startswith("SPS") and "F" not in arms and gate.buckets[128].leader is Arm.PLAIN
-    assert gate.modes[128].leader is Arm.SPEC and gate.modes[128].second_windows == arms.count("S")
+    assert arms.startswith("SPS") and "F" not in arms and gate.buckets[128, False].leader is Arm.PLAIN
+    assert gate.modes[128, False].leader is Arm.SPEC and gate.modes[128, False].second_windows == arms.count("S")
 
 
 def test_probes_of_dear_speculating_steps_cost_a_leader_windows_time() -> None:
@@ -313,18 +349,18 @@ def test_probes_of_dear_speculating_steps_cost_a_leader_windows_time() -> None:
         tokens, step = (128, 2.7e-3) if gate.plain else (round(2.37 * 128), 15e-3)
         gate.observe(128, tokens, step, arm=gate.arm)
         seconds, plain_seconds = seconds + step, plain_seconds + tokens / 128 * 2.7e-3
-    assert gate.buckets[128].leader is Arm.PLAIN and plain_seconds / seconds > 0.98
+    assert gate.buckets[128, False].leader is Arm.PLAIN and plain_seconds / seconds > 0.98
     assert {w.steps for w in gate.window_log[3:] if w.arm is Arm.SPEC} == {MIN_PROBE_STEPS}
 
 
-def full_window_engine(tmp_path) -> tuple[LLM, SamplingParams, list]:  # noqa: ANN001
+def full_window_engine(tmp_path, greedy: bool = True) -> tuple[LLM, SamplingParams, list]:  # noqa: ANN001
     """An n-gram engine (k = 3) whose gate found drafting without the policy faster at batch 1 (its state
-    preloaded), the greedy parameters, and the output without speculation."""
+    preloaded for `greedy` steps or sampled ones), the greedy parameters, and the output without speculation."""
     model, params, want = greedy_reference(tmp_path, max_tokens=100)
     llm = tiny_llm(model, speculative_config=NGRAM_K3)
     gate = llm.engine.speculator.gate
-    gate.buckets[1] = BucketState(leader=Arm.SPEC, gap=MAX_GAP)
-    gate.modes[1] = BucketState(Arm.FULL, Arm.SPEC, FULL_MARGIN, leader=Arm.FULL, gap=MAX_GAP)
+    gate.buckets[1, greedy] = BucketState(leader=Arm.SPEC, gap=MAX_GAP)
+    gate.modes[1, greedy] = BucketState(Arm.FULL, Arm.SPEC, FULL_MARGIN, leader=Arm.FULL, gap=MAX_GAP)
     llm.engine.step_log = []
     return llm, params, want
 
@@ -377,7 +413,7 @@ def test_full_windows_launch_a_step_ahead_while_no_match_is_in_sight(tmp_path) -
 def test_full_windows_do_not_look_ahead_while_a_request_samples(tmp_path) -> None:
     """A sampled step launched ahead saves little (its host work hides the device's): with a request that samples,
     FULL windows decide every step after the tokens before it, as k fixed does."""
-    llm, _, _ = full_window_engine(tmp_path)
+    llm, _, _ = full_window_engine(tmp_path, greedy=False)
     sampled = SamplingParams(temperature=0.8, seed=3, max_tokens=60, ignore_eos=True)
     got = llm.generate(REPEATING, sampled, use_tqdm=False)
     kinds = [step.kind for step in llm.engine.step_log]
@@ -394,7 +430,8 @@ def test_a_held_arm_runs_every_window_and_records_none() -> None:
     gate.hold(Arm.PLAIN)
     assert gate.plain
     assert run(gate, 40, {Arm.FULL: 2000.0, Arm.SPEC: 2000.0, Arm.PLAIN: 1000.0}.get) == "P" * 40
-    assert gate.buckets[1].advantage is None and gate.buckets[1].first_windows == gate.buckets[1].second_windows == 0
+    state = gate.buckets[1, False]
+    assert state.advantage is None and state.first_windows == state.second_windows == 0
     assert len(gate.window_log) == 40 and not any(w.recorded for w in gate.window_log)
     gate.hold(None)
     rates = {Arm.FULL: 2000.0, Arm.SPEC: 2000.0, Arm.PLAIN: 1000.0}.get

@@ -130,7 +130,7 @@ def test_a_plain_window_costs_a_worker_side_proposer_no_per_step_work(tmp_path) 
     llm = LLM(model=str(model), skip_tokenizer_init=True, num_kv_blocks=64,
               speculative_config={"method": "draft_model", "model": str(model), "num_speculative_tokens": 2})
     engine = llm.engine
-    engine.speculator.gate.buckets[2] = BucketState(leader=Arm.PLAIN, gap=MAX_GAP)  # no probe within 60 steps
+    engine.speculator.gate.buckets[2, True] = BucketState(leader=Arm.PLAIN, gap=MAX_GAP)  # no probe in 60 steps
     observed: list[float] = []
     observe = engine.speculator.policy.observe_scheduled
     engine.speculator.policy.observe_scheduled = lambda scheduled, seconds: (observed.append(seconds),
