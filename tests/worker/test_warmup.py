@@ -6,8 +6,12 @@ import torch
 
 import tests.kernels.conftest  # noqa: F401 - TRITON_INTERPRET=1 and the interpreter fixes
 from lamina import LLM
+from lamina.config import KernelChoice
+from lamina.kernels import gemv as gemv_kernel
 from lamina.kernels.tiles import LONG_QUERY
 from lamina.kv.cache import attention_layers
+from lamina.layers import gemv_rows
+from lamina.worker import warmup
 from lamina.worker.warmup import warm_up_kernels, warmup_batches
 from tests.helpers.tiny_models import make_tiny_model
 
@@ -37,3 +41,56 @@ def test_warm_up_stores_nothing(tmp_path, backend: str) -> None:
     warm_up_kernels(worker.model, 8, 80, 64, torch.device("cpu"))
     for (k, v), (k0, v0) in zip(caches, before):
         assert torch.equal(k, k0) and torch.equal(v, v0)
+
+
+class TwoLayers(torch.nn.Module):
+    """A model's weights as the GEMV timing sees them: two bf16 linear layers of one shape and one of another, a
+    float32 one (not the GEMV's), and the model's KernelChoice."""
+
+    def __init__(self, kernels: KernelChoice) -> None:
+        super().__init__()
+        self.kernels = kernels
+        self.a, self.b = (torch.nn.Linear(32, 64, bias=False, dtype=torch.bfloat16) for _ in range(2))
+        self.c = torch.nn.Linear(64, 48, bias=False, dtype=torch.bfloat16)
+        self.d = torch.nn.Linear(32, 16, bias=False)
+
+
+@pytest.fixture
+def timing(monkeypatch: pytest.MonkeyPatch) -> dict:
+    """gemv_rows' choices fresh, precompile and calibrate recorded (calibrate's answers: every bucket to the GEMV),
+    the GEMV kernel replaced by a recorder of its calls."""
+    seen: dict = {"precompiled": [], "timed": [], "gemv": []}
+    monkeypatch.setattr(gemv_rows, "_choices", {})
+    monkeypatch.setattr(warmup, "precompile", lambda run: seen["precompiled"].append(run))
+    monkeypatch.setattr(gemv_kernel, "gemv", lambda x, w, pdl: seen["gemv"].append((x.shape[0], tuple(w.shape), pdl)))
+
+    def calibrate(todo: list, gemv) -> dict:  # noqa: ANN001
+        seen["timed"].append([(tuple(w.shape), rows) for w, rows in todo])
+        return {"gemv": len(todo), "cublas": 0}
+    monkeypatch.setattr(gemv_rows, "calibrate", calibrate)
+    return seen
+
+
+def test_the_gemv_is_timed_at_a_few_rows_of_each_weight_shape_after_compiling_them(timing: dict) -> None:
+    warmup._time_gemv_rows(TwoLayers(KernelChoice()))
+    buckets = [(shape, rows) for shape in ((64, 32), (48, 64)) for rows in gemv_rows.ROW_BUCKETS]
+    assert timing["timed"] == [buckets]
+    (run,) = timing["precompiled"]  # one pass compiling every variant the timing runs, before it
+    run()
+    assert [(rows, shape) for rows, shape, _ in timing["gemv"]] == [(rows, shape) for shape, rows in buckets]
+    assert not any(pdl for _, _, pdl in timing["gemv"])  # CPU weights: no PDL
+
+
+def test_a_model_whose_layers_may_not_take_the_gemv_times_nothing(timing: dict) -> None:
+    warmup._time_gemv_rows(TwoLayers(KernelChoice(gemv=False)))
+    assert timing["timed"] == [] and timing["precompiled"] == []
+
+
+def test_a_timing_the_platform_refuses_leaves_the_rule_by_weight_size(monkeypatch: pytest.MonkeyPatch, timing: dict,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    def refuse(todo: list, gemv) -> dict:  # noqa: ANN001
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(gemv_rows, "calibrate", refuse)
+    with caplog.at_level("WARNING", logger="lamina.worker.warmup"):
+        warmup._time_gemv_rows(TwoLayers(KernelChoice()))
+    assert "not timed" in caplog.text and gemv_rows._choices == {}
