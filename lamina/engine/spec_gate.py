@@ -116,7 +116,7 @@ class Bucket(NamedTuple):
 
 @dataclass
 class BucketState:
-    """One batch-size bucket's choice between two arms, `first` and `second` (speculation against plain, or
+    """One bucket's choice between two arms, `first` and `second` (speculation against plain, or
     drafts without the policy against the policy's): the paired advantage of `first`, the leader, the probe
     schedule, and each arm's rate (an EMA of its windows, tokens/s: for reading; decisions use the pairs)."""
 
