@@ -1,4 +1,5 @@
-"""SpecGate: speculation on or off, per batch size, by the throughput each delivers (issue #12: never slower).
+"""SpecGate: speculation on or off, per batch size and sampling, by the throughput each delivers (issue #12: never
+slower).
 
 The policy (spec_policy.py) predicts what drafts buy from a model of a step's cost; what its verify steps, its
 decisions and its steps not launched ahead really cost shows only in the engine's throughput, and the gate
@@ -86,9 +87,9 @@ class Arm(Enum):
     PLAIN = "plain"  # no drafts, no decisions
 
 
-def full_margin(bucket: int) -> float:
-    """The edge FULL needs over the policy to lead in `bucket`: FULL_MARGIN, SPEC_MARGIN at one row."""
-    return SPEC_MARGIN if bucket == 1 else FULL_MARGIN
+def full_margin(rows: int) -> float:
+    """The edge FULL needs over the policy to lead in a bucket of `rows` rows: FULL_MARGIN, SPEC_MARGIN at one."""
+    return SPEC_MARGIN if rows == 1 else FULL_MARGIN
 
 
 def ema(old: float | None, sample: float) -> float:
@@ -211,9 +212,9 @@ class WindowRecord:
 
 class SpecGate:
     """Whether the next steps speculate, and how (see the module docstring). The Speculator asks `plain` and
-    `full` before each decision and tells `observe` every step's rows, emitted tokens, wall time and the arm its
-    drafts were decided in. full=True: the speculating windows choose between SPEC and FULL too (`modes`). While
-    `window_log` is a list, every window that ends is appended to it."""
+    `full` before each decision and tells `observe` every step's rows, emitted tokens, wall time, the arm its
+    drafts were decided in and whether every row was greedy. full=True: the speculating windows choose between SPEC
+    and FULL too (`modes`). While `window_log` is a list, every window that ends is appended to it."""
 
     def __init__(self, window: int = WINDOW, max_gap: int = MAX_GAP, full: bool = False) -> None:
         self.window, self.max_gap, self.full_arm = window, max_gap, full

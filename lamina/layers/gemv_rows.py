@@ -7,16 +7,15 @@
 Which wins is not a function of the element count: on an H100 the demo model's LM head (8192 x 384, 3.1M
 elements) ran 0.84x of cuBLAS on the GEMV at 2 rows, on an H200 Qwen3-0.6B's down projection (1024 x 3072, as
 many elements) 1.41x (docs/BENCHMARKS.md, forty-second and forty-third sessions). So the warm-up times both at 2, 4
-and 8 rows (ROW_BUCKETS; 3 rows take 4's answer, 5-8 take 8's) for each weight shape of the model and keeps the
-faster by medians; a shape not measured (a weight of a model that was not warmed up) keeps dispatch's rule by
-element count.
+and 8 rows (ROW_BUCKETS; 3 rows take 4's answer, 5-8 take 8's) for each weight shape of the model and keeps the one
+faster by MARGIN; a tie, or a shape not measured, keeps dispatch's rule by element count.
 
 Each kernel is timed as a step runs it: CALLS calls captured in one CUDA graph, the graph replayed REPLAYS times
 between two events, ROUNDS such bursts of each kernel interleaved. Timed eagerly, every GEMV call would pay
-Triton's host-side launch (~20 us), and the GEMV lost every shape that way (forty-third session). Buckets where
-M x elements exceed MAX_ROW_ELEMENTS are not timed: the GEMV lost on every such shape measured. The weights stay
-in L2 across a burst, as a small model's do in its forward; a large model's are streamed from HBM there, which
-the GEMV at one row is tuned for, not the choice at several.
+Triton's host-side launch (~20 us), and the GEMV lost every shape that way (forty-third session). A burst reads
+one weight again and again, from L2, as a model does from step to step only when all its weights fit in L2: only
+such a model is timed (`fits_in_l2`). A larger model's steps stream their weights from HBM, as
+lamina.bench.gemv_sweep's rotating copies do, and the rule by element count came from those sweeps.
 """
 from __future__ import annotations
 
@@ -38,19 +37,26 @@ ROW_BUCKETS = (2, 4, 8)
 ROUNDS = 5  # timed bursts of each kernel per bucket, interleaved
 CALLS = 16  # calls captured in a burst's graph
 REPLAYS = 4  # replays of the graph a burst (the first replay's launch gap spread thin)
-MAX_ROW_ELEMENTS = 1 << 25  # rows x weight elements beyond which a bucket is not timed (cuBLAS takes it)
+MARGIN = 0.05  # the faster kernel's median must be this much below the other's; else a tie (the rule decides)
 
-_choices: dict[tuple[int, int, torch.dtype, int], bool] = {}  # (N, K, dtype, row bucket) -> the GEMV is faster
+# (N, K, dtype, row bucket) -> whether the GEMV is faster (None: a tie)
+_choices: dict[tuple[int, int, torch.dtype, int], bool | None] = {}
 
 
-def row_bucket(rows: int) -> int:
-    """The timed row count that answers for `rows` (2..ROW_BUCKETS[-1]): the smallest bucket at or above it."""
-    return next(b for b in ROW_BUCKETS if b >= rows)
+def row_bucket(rows: int) -> int | None:
+    """The timed row count that answers for `rows`: the smallest of ROW_BUCKETS at or above it (None: more rows
+    than any)."""
+    return next((b for b in ROW_BUCKETS if b >= rows), None)
 
 
 def gemv_is_faster(weight: torch.Tensor, rows: int) -> bool | None:
-    """Whether the GEMV beat cuBLAS for `rows` rows of x at this weight's shape (None: not measured)."""
+    """Whether the GEMV beat cuBLAS for `rows` rows of x at this weight's shape (None: not measured, or a tie)."""
     return _choices.get((weight.shape[0], weight.shape[1], weight.dtype, row_bucket(rows)))
+
+
+def fits_in_l2(weights: Iterable[torch.Tensor], l2_bytes: int) -> bool:
+    """Whether `weights` together fit in an L2 cache of `l2_bytes` (then a step finds them there, as a burst does)."""
+    return sum(w.numel() * w.element_size() for w in weights) <= l2_bytes
 
 
 def graph_burst(fn: Callable[[], object]) -> Callable[[], float]:
@@ -77,13 +83,12 @@ def graph_burst(fn: Callable[[], object]) -> Callable[[], float]:
 
 
 def pending(weights: Iterable[torch.Tensor]) -> list[tuple[torch.Tensor, int]]:
-    """(weight, rows) of every bucket not measured yet within MAX_ROW_ELEMENTS, one weight per (shape, dtype)."""
+    """(weight, rows) of every bucket not measured yet, one weight per (shape, dtype)."""
     todo: dict[tuple[int, int, torch.dtype, int], tuple[torch.Tensor, int]] = {}
     for weight in weights:
-        n, k = weight.shape
         for rows in ROW_BUCKETS:
-            key = (n, k, weight.dtype, rows)
-            if key not in _choices and rows * n * k <= MAX_ROW_ELEMENTS:
+            key = (weight.shape[0], weight.shape[1], weight.dtype, rows)
+            if key not in _choices:
                 todo.setdefault(key, (weight, rows))
     return list(todo.values())
 
@@ -96,9 +101,9 @@ def first_calls(todo: list[tuple[torch.Tensor, int]], gemv: Matmul) -> None:
 
 
 def calibrate(todo: list[tuple[torch.Tensor, int]], gemv: Matmul, burst: Burst = graph_burst) -> dict[str, int]:
-    """Time `gemv` against F.linear on each pending (weight, rows) and keep the choices; returns how many buckets
-    went to each kernel ({"gemv": .., "cublas": ..})."""
-    counts = {"gemv": 0, "cublas": 0}
+    """Time `gemv` against F.linear on each pending (weight, rows) and keep the choices once all are timed (a
+    failure keeps none); returns how many buckets went to each kernel ({"gemv": .., "cublas": .., "tie": ..})."""
+    choices = {}
     for weight, rows in todo:
         x = _rows_of(weight, rows)
         timers = (burst(lambda: gemv(x, weight)), burst(lambda: F.linear(x, weight)))  # noqa: B023 (used here)
@@ -107,22 +112,26 @@ def calibrate(todo: list[tuple[torch.Tensor, int]], gemv: Matmul, burst: Burst =
             for times, timer in zip(seconds, timers):
                 times.append(timer())
         gemv_s, cublas_s = statistics.median(seconds[0]), statistics.median(seconds[1])
-        faster = gemv_s < cublas_s
-        logger.debug("%s x %d rows: GEMV %.2f us, cuBLAS %.2f us", tuple(weight.shape), rows, gemv_s * 1e6,
-                     cublas_s * 1e6)
-        _choices[weight.shape[0], weight.shape[1], weight.dtype, rows] = faster
-        counts["gemv" if faster else "cublas"] += 1
-    return counts
+        choices[weight.shape[0], weight.shape[1], weight.dtype, rows] = _faster(gemv_s, cublas_s)
+        logger.debug("GEMV against cuBLAS, %s x %d rows: %.2f / %.2f us", tuple(weight.shape), rows, gemv_s * 1e6,
+                    cublas_s * 1e6)
+    _choices.update(choices)
+    return {name: sum(c is won for c in choices.values()) for name, won in (("gemv", True), ("cublas", False),
+                                                                          ("tie", None))}
 
 
 def linear_weights(model: torch.nn.Module, dtypes: tuple[torch.dtype, ...]) -> list[torch.Tensor]:
-    """The model's 2-D contiguous parameters in `dtypes` (its linear layers', its LM head's; an untied embedding
-    table too, which costs a few timed calls), one per distinct (shape, dtype)."""
-    seen: dict[tuple, torch.Tensor] = {}
-    for param in model.parameters():
-        if param.dim() == 2 and param.dtype in dtypes and param.is_contiguous():
-            seen.setdefault((*param.shape, param.dtype), param)
-    return list(seen.values())
+    """The model's 2-D contiguous parameters named `weight` in `dtypes`: its linear layers', its LM head's (an
+    untied embedding table too, which costs a few timed calls; not a quantized layer's scales)."""
+    return [param for name, param in model.named_parameters() if name.rpartition(".")[2] == "weight"
+            and param.dim() == 2 and param.dtype in dtypes and param.is_contiguous()]
+
+
+def _faster(gemv_s: float, cublas_s: float) -> bool | None:
+    """True: the GEMV by MARGIN; False: cuBLAS by MARGIN; None: a tie."""
+    if gemv_s < (1 - MARGIN) * cublas_s:
+        return True
+    return False if cublas_s < (1 - MARGIN) * gemv_s else None
 
 
 def _rows_of(weight: torch.Tensor, rows: int) -> torch.Tensor:

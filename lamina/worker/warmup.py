@@ -32,7 +32,7 @@ import torch
 from lamina.attention.metadata import AttentionMetadata, set_attention_metadata
 from lamina.kernels.tiles import LONG_QUERY
 from lamina.layers import gemv_rows
-from lamina.layers.dispatch import GEMV_DTYPES, pdl_for
+from lamina.layers.dispatch import GEMV_DTYPES, kernel_module, pdl_for
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def warm_up_kernels(model: torch.nn.Module, block_size: int, max_num_batched_tok
     variants they need, which are then compiled together on a thread pool (`precompile`); then for real."""
     start = time.perf_counter()
     if device.type == "cuda":
-        _time_gemv_rows(model)
+        _time_gemv_rows(model, getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0))
     batches = warmup_batches(max_num_batched_tokens, max_model_len)
     compiled = precompile(lambda: _run_batches(model, batches, block_size, device))
     _run_batches(model, batches, block_size, device)
@@ -85,15 +85,20 @@ def warm_up_kernels(model: torch.nn.Module, block_size: int, max_num_batched_tok
                 len(batches), time.perf_counter() - start, compiled)
 
 
-def _time_gemv_rows(model: torch.nn.Module) -> None:
+def _time_gemv_rows(model: torch.nn.Module, l2_bytes: int) -> None:
     """Time the GEMV against cuBLAS at a few rows of each of the model's weight shapes not timed yet (its variants
-    compiled together first), where the model's layers may take the GEMV."""
+    compiled together first), where the model's layers may take the GEMV and its weights fit in an L2 cache of
+    `l2_bytes` (gemv_rows.py: as a burst reads them)."""
     kernels = getattr(model, "kernels", None)
-    if kernels is not None and not kernels.gemv:
+    kernel = kernel_module("gemv")
+    if kernel is None or (kernels is not None and not kernels.gemv):
         return
-    from lamina.kernels import gemv as kernel
-
-    todo = gemv_rows.pending(gemv_rows.linear_weights(model, GEMV_DTYPES))
+    weights = gemv_rows.linear_weights(model, GEMV_DTYPES)
+    if not gemv_rows.fits_in_l2(weights, l2_bytes):
+        logger.info("GEMV against cuBLAS at 2-8 rows not timed: the weights outgrow L2 (%d MB), the rule by weight "
+                    "size decides", l2_bytes >> 20)
+        return
+    todo = gemv_rows.pending(weights)
     if not todo:
         return
     pdl = kernels is not None and pdl_for(todo[0][0], kernels)
@@ -108,8 +113,9 @@ def _time_gemv_rows(model: torch.nn.Module) -> None:
     except RuntimeError as err:  # a capture the platform refuses: the steps keep the rule by element count
         logger.warning("GEMV against cuBLAS at 2-8 rows not timed (%s): the rule by weight size decides", err)
         return
-    logger.info("GEMV against cuBLAS at 2-8 rows: %d (weight shape, rows) to the GEMV, %d to cuBLAS, in %.1f s",
-                counts["gemv"], counts["cublas"], time.perf_counter() - start)
+    logger.info("GEMV against cuBLAS at 2-8 rows: %d (weight shape, rows) to the GEMV, %d to cuBLAS, %d ties (the "
+                "rule by weight size), in %.1f s", counts["gemv"], counts["cublas"], counts["tie"],
+                time.perf_counter() - start)
 
 
 def _run_batches(model: torch.nn.Module, batches: list[Rows], block_size: int, device: torch.device) -> None:

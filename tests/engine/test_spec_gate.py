@@ -234,7 +234,8 @@ def test_the_engine_runs_plain_windows_without_drafts_and_feeds_the_gate(tmp_pat
 
 
 def test_the_engine_measures_greedy_and_sampled_steps_apart(tmp_path) -> None:
-    """An n-gram engine's gate puts the windows of a greedy request and of a sampled one in their own buckets."""
+    """An n-gram engine's gate puts the windows of a greedy request and of a sampled one in their own buckets, and
+    a step with a greedy and a sampled row in the sampled one."""
     model, params, want = greedy_reference(tmp_path, max_tokens=40)
     llm = tiny_llm(model, speculative_config=NGRAM_K3)
     gate = llm.engine.speculator.gate
@@ -247,6 +248,8 @@ def test_the_engine_measures_greedy_and_sampled_steps_apart(tmp_path) -> None:
     assert {w.bucket for w in gate.window_log[:greedy_windows]} == {(1, True)}
     assert {w.bucket for w in gate.window_log[greedy_windows + 1:]} == {(1, False)} and set(gate.buckets) == {
         (1, True), (1, False)}
+    llm.generate(REPEATING * 2, [params, sampled], use_tqdm=False)  # both rows in every step, to the end
+    assert (2, False) in gate.buckets and (2, True) not in gate.buckets
     llm.engine.check_integrity()
 
 

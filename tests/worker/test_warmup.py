@@ -55,26 +55,31 @@ class TwoLayers(torch.nn.Module):
         self.d = torch.nn.Linear(32, 16, bias=False)
 
 
+L2 = 1 << 20  # an L2 cache that holds TwoLayers' weights
+
+
 @pytest.fixture
 def timing(monkeypatch: pytest.MonkeyPatch) -> dict:
-    """gemv_rows' choices fresh, precompile and calibrate recorded (calibrate's answers: every bucket to the GEMV),
-    the GEMV kernel replaced by a recorder of its calls."""
-    seen: dict = {"precompiled": [], "timed": [], "gemv": []}
+    """gemv_rows' choices fresh, precompile and calibrate recorded in the order called (calibrate's answers: every
+    bucket to the GEMV), the GEMV kernel replaced by a recorder of its calls."""
+    seen: dict = {"order": [], "precompiled": [], "timed": [], "gemv": []}
     monkeypatch.setattr(gemv_rows, "_choices", {})
-    monkeypatch.setattr(warmup, "precompile", lambda run: seen["precompiled"].append(run))
+    monkeypatch.setattr(warmup, "precompile", lambda run: seen["order"].append("precompile") or
+                        seen["precompiled"].append(run))
     monkeypatch.setattr(gemv_kernel, "gemv", lambda x, w, pdl: seen["gemv"].append((x.shape[0], tuple(w.shape), pdl)))
 
     def calibrate(todo: list, gemv) -> dict:  # noqa: ANN001
+        seen["order"].append("calibrate")
         seen["timed"].append([(tuple(w.shape), rows) for w, rows in todo])
-        return {"gemv": len(todo), "cublas": 0}
+        return {"gemv": len(todo), "cublas": 0, "tie": 0}
     monkeypatch.setattr(gemv_rows, "calibrate", calibrate)
     return seen
 
 
 def test_the_gemv_is_timed_at_a_few_rows_of_each_weight_shape_after_compiling_them(timing: dict) -> None:
-    warmup._time_gemv_rows(TwoLayers(KernelChoice()))
+    warmup._time_gemv_rows(TwoLayers(KernelChoice()), L2)
     buckets = [(shape, rows) for shape in ((64, 32), (48, 64)) for rows in gemv_rows.ROW_BUCKETS]
-    assert timing["timed"] == [buckets]
+    assert timing["timed"] == [buckets] and timing["order"] == ["precompile", "calibrate"]
     (run,) = timing["precompiled"]  # one pass compiling every variant the timing runs, before it
     run()
     assert [(rows, shape) for rows, shape, _ in timing["gemv"]] == [(rows, shape) for shape, rows in buckets]
@@ -82,8 +87,15 @@ def test_the_gemv_is_timed_at_a_few_rows_of_each_weight_shape_after_compiling_th
 
 
 def test_a_model_whose_layers_may_not_take_the_gemv_times_nothing(timing: dict) -> None:
-    warmup._time_gemv_rows(TwoLayers(KernelChoice(gemv=False)))
-    assert timing["timed"] == [] and timing["precompiled"] == []
+    warmup._time_gemv_rows(TwoLayers(KernelChoice(gemv=False)), L2)
+    assert timing["order"] == []
+
+
+def test_a_model_whose_weights_outgrow_l2_times_nothing(timing: dict) -> None:
+    """Its steps read the weights from HBM, which a burst of one weight does not: the rule by size decides."""
+    model = TwoLayers(KernelChoice())
+    warmup._time_gemv_rows(model, sum(w.numel() * 2 for w in gemv_rows.linear_weights(model, (torch.bfloat16,))) - 1)
+    assert timing["order"] == []
 
 
 def test_a_timing_the_platform_refuses_leaves_the_rule_by_weight_size(monkeypatch: pytest.MonkeyPatch, timing: dict,
@@ -92,5 +104,5 @@ def test_a_timing_the_platform_refuses_leaves_the_rule_by_weight_size(monkeypatc
         raise RuntimeError("operation not permitted when stream is capturing")
     monkeypatch.setattr(gemv_rows, "calibrate", refuse)
     with caplog.at_level("WARNING", logger="lamina.worker.warmup"):
-        warmup._time_gemv_rows(TwoLayers(KernelChoice()))
+        warmup._time_gemv_rows(TwoLayers(KernelChoice()), L2)
     assert "not timed" in caplog.text and gemv_rows._choices == {}
