@@ -18,9 +18,12 @@ drafts buy differs between them by more than the arms' margins (acceptance; FULL
 is greedy, below). At batch 1 on an H200 n-gram ran at 2.0-2.3x greedy and 1.3-1.7x at T = 0.6, and without the
 policy at 0.93x on chat at T = 0.6 against the policy's 1.28x (docs/BENCHMARKS.md, forty-second session); one
 bucket for both relearnt its leaders at every change between them. The host's speed drifts by tens of percent
-over seconds (seen on the H200's host), so a probe is judged against its neighbours: its rate over the mean rate of
-the leader's windows just before and just after it is one sample of speculation's advantage (log of spec rate over
-plain rate), an EMA over probes decides the leader:
+over seconds (seen on the H200's host), so a probe is judged against its neighbours: its rate over the geometric
+mean rate of the leader's windows just before and just after it is one sample of speculation's advantage (log of
+spec rate over plain rate; over their arithmetic mean the log was biased against the probed arm, by -0.07 at the
+window-to-window spread of n-gram at batch 1), an EMA over probes decides the leader. A probe whose neighbours
+differ by more than NEIGHBOURS_AGREE (the workload changed across it: a new prompt) judges nothing, and the next
+window probes again:
 
     window:   1  2  3  4  5  6  7  8  9 10 11 12 13 14 15 ...
     arm:      S  P  S  S  P  S  S  S  S  P  S  S  S  S  S ...   (the leader S, its probes losing narrowly)
@@ -78,6 +81,11 @@ FULL_MARGIN = 0.05
 EXPLORE_BUDGET = 0.01  # probes of the slower arm cost at most this share of the throughput (up to MAX_GAP)
 MIN_PROBE_STEPS = 4  # a probe cut short by the leader's window time runs this many steps at least (its first is
 # not counted: its drafts were decided in the window before)
+# a probe's two neighbours (the leader's windows before and after it) must be within this factor of each other to
+# judge it. At batch 1 a new prompt changes the rate several times over (n-gram: 8 tokens a step at the end of one
+# code prompt, 1 at the start of the next), and one probe across such a change made a sample of -1.1 that became the
+# advantage and put the next probe 64 windows off (a CPU harness replaying the demo model's outputs, session 44)
+NEIGHBOURS_AGREE = 2.0
 STALL_FACTOR = 50  # a counted step slower than this many times its window's median step is left out of the rate
 
 
@@ -145,8 +153,9 @@ class BucketState:
 
     def record(self, arm: Arm, rate: float, max_gap: int, seconds: float | None = None) -> None:
         """A window of `arm` ran at `rate` (and took `seconds`, if it ran all its steps). A probe waits for the
-        leader's next window; then its rate against the mean of its two neighbours updates the advantage, and the
-        leader and the gap are chosen again."""
+        leader's next window; then its rate against the geometric mean of its two neighbours updates the advantage,
+        and the leader and the gap are chosen again. Neighbours more than NEIGHBOURS_AGREE apart (the workload
+        changed across the probe) judge nothing: the next window probes again."""
         self._count(arm, rate)
         if arm is self.leader and seconds is not None:
             self.lead_seconds = ema(self.lead_seconds, seconds)
@@ -154,10 +163,13 @@ class BucketState:
             self.probe, self.since_probe = rate, 0
             return
         if self.probe is not None:
-            paired = self.probe / (0.5 * ((self.before or rate) + rate))
+            before, probe, self.probe = self.before or rate, self.probe, None
+            if max(before, rate) > NEIGHBOURS_AGREE * min(before, rate):
+                self.since_probe, self.before = self.gap, rate  # the workload changed across it: probe again
+                return
+            paired = probe / math.sqrt(before * rate)
             sample = math.log(paired) if arm is self.second else -math.log(paired)
             self.advantage = ema(self.advantage, sample)
-            self.probe = None
             if self._choose(max_gap, contradicted=self._faster(sample) is not self.leader):
                 self.since_probe, self.before = 0, None  # the new leader's windows are measured from now
                 return

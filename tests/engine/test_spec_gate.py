@@ -453,3 +453,27 @@ def test_an_engine_held_plain_drafts_nothing_and_matches_off(tmp_path) -> None:
     spec = llm.engine.get_stats().spec
     assert spec.num_draft_tokens == 0 and spec.plain_steps == len(llm.engine.step_log) == 24
     llm.engine.check_integrity()
+
+
+def test_a_probe_is_judged_against_the_geometric_mean_of_its_neighbours() -> None:
+    """Neighbours at 1000 and 1500 and a probe at their geometric mean: no advantage either way (the arithmetic
+    mean, 1250, would have counted the probe 2 % slower: a bias against the probed arm wherever windows vary)."""
+    state = BucketState(leader=Arm.PLAIN, gap=1)
+    state.record(Arm.PLAIN, 1000.0, MAX_GAP)
+    state.record(Arm.SPEC, math.sqrt(1000.0 * 1500.0), MAX_GAP)
+    state.record(Arm.PLAIN, 1500.0, MAX_GAP)
+    assert abs(state.advantage) < 1e-12
+
+
+def test_a_probe_across_a_change_of_workload_judges_nothing_and_the_next_window_probes_again() -> None:
+    """The leader's windows around a probe at 8,000 and 2,000 tok/s (a new prompt in between): the probe's 2,500
+    is no sample of speculation's advantage; the next window is a probe again."""
+    state = BucketState(leader=Arm.PLAIN, gap=1)
+    state.record(Arm.PLAIN, 8000.0, MAX_GAP)
+    assert state.next_arm() is Arm.SPEC
+    state.record(Arm.SPEC, 2500.0, MAX_GAP)
+    state.record(Arm.PLAIN, 2000.0, MAX_GAP)
+    assert state.advantage is None and state.leader is Arm.PLAIN and state.next_arm() is Arm.SPEC
+    state.record(Arm.SPEC, 2500.0, MAX_GAP)
+    state.record(Arm.PLAIN, 2000.0, MAX_GAP)
+    assert abs(state.advantage - math.log(2500.0 / 2000.0)) < 1e-12
