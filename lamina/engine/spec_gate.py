@@ -22,8 +22,8 @@ over seconds (seen on the H200's host), so a probe is judged against its neighbo
 mean rate of the leader's windows just before and just after it is one sample of speculation's advantage (log of
 spec rate over plain rate; over their arithmetic mean the log was biased against the probed arm, by -0.07 at the
 window-to-window spread of n-gram at batch 1), an EMA over probes decides the leader. A probe whose neighbours
-differ by more than NEIGHBOURS_AGREE (the workload changed across it: a new prompt) judges nothing, and the next
-window probes again:
+differ by more than NEIGHBOURS_AGREE (the workload changed across it: a new prompt) judges nothing (the next probe
+comes after the gap, as after any, so that probes cost no more where the workload changes often):
 
     window:   1  2  3  4  5  6  7  8  9 10 11 12 13 14 15 ...
     arm:      S  P  S  S  P  S  S  S  S  P  S  S  S  S  S ...   (the leader S, its probes losing narrowly)
@@ -155,7 +155,7 @@ class BucketState:
         """A window of `arm` ran at `rate` (and took `seconds`, if it ran all its steps). A probe waits for the
         leader's next window; then its rate against the geometric mean of its two neighbours updates the advantage,
         and the leader and the gap are chosen again. Neighbours more than NEIGHBOURS_AGREE apart (the workload
-        changed across the probe) judge nothing: the next window probes again."""
+        changed across the probe) judge nothing: the next probe comes after `gap` windows, as after any."""
         self._count(arm, rate)
         if arm is self.leader and seconds is not None:
             self.lead_seconds = ema(self.lead_seconds, seconds)
@@ -165,7 +165,7 @@ class BucketState:
         if self.probe is not None:
             before, probe, self.probe = self.before or rate, self.probe, None
             if max(before, rate) > NEIGHBOURS_AGREE * min(before, rate):
-                self.since_probe, self.before = self.gap, rate  # the workload changed across it: probe again
+                self.since_probe, self.before = 0, rate  # the workload changed across it: the next probe, as usual
                 return
             paired = probe / math.sqrt(before * rate)
             sample = math.log(paired) if arm is self.second else -math.log(paired)

@@ -229,7 +229,9 @@ def test_the_engine_runs_plain_windows_without_drafts_and_feeds_the_gate(tmp_pat
     got = llm.generate(REPEATING, params, use_tqdm=False)
     assert got[0].outputs[0].token_ids == want[0].outputs[0].token_ids
     state, stats = llm.engine.speculator.gate.buckets[1, True], llm.engine.get_stats().spec
-    assert state.first_rate > 0 and state.second_rate > 0 and stats.num_drafts > 0 and stats.plain_steps >= WINDOW - 1
+    # the plain probe: WINDOW steps, or fewer where they outlast a speculating window's time (MIN_PROBE_STEPS at least)
+    assert state.first_rate > 0 and state.second_rate > 0 and stats.num_drafts > 0
+    assert stats.plain_steps >= MIN_PROBE_STEPS
     llm.engine.check_integrity()
 
 
@@ -465,15 +467,17 @@ def test_a_probe_is_judged_against_the_geometric_mean_of_its_neighbours() -> Non
     assert abs(state.advantage) < 1e-12
 
 
-def test_a_probe_across_a_change_of_workload_judges_nothing_and_the_next_window_probes_again() -> None:
+def test_a_probe_across_a_change_of_workload_judges_nothing() -> None:
     """The leader's windows around a probe at 8,000 and 2,000 tok/s (a new prompt in between): the probe's 2,500
-    is no sample of speculation's advantage; the next window is a probe again."""
+    is no sample of speculation's advantage; the next probe comes after the gap (here 1 window), as after any."""
     state = BucketState(leader=Arm.PLAIN, gap=1)
     state.record(Arm.PLAIN, 8000.0, MAX_GAP)
     assert state.next_arm() is Arm.SPEC
     state.record(Arm.SPEC, 2500.0, MAX_GAP)
     state.record(Arm.PLAIN, 2000.0, MAX_GAP)
-    assert state.advantage is None and state.leader is Arm.PLAIN and state.next_arm() is Arm.SPEC
+    assert state.advantage is None and state.leader is Arm.PLAIN and state.next_arm() is Arm.PLAIN
+    state.record(Arm.PLAIN, 2000.0, MAX_GAP)
+    assert state.next_arm() is Arm.SPEC
     state.record(Arm.SPEC, 2500.0, MAX_GAP)
     state.record(Arm.PLAIN, 2000.0, MAX_GAP)
     assert abs(state.advantage - math.log(2500.0 / 2000.0)) < 1e-12
