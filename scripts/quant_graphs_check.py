@@ -22,22 +22,14 @@ from pathlib import Path
 
 import torch
 
-from quant_w8a8_gpu_check import PROMPTS, _agreement, _table
+from quant_w8a8_gpu_check import PROMPTS, _agreement, _quantize, _table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lamina import DEMO_MODEL, LLM, SamplingParams  # noqa: E402
-from lamina.quant.recipe import get_recipe  # noqa: E402
-from lamina.quantize.writer import quantize_checkpoint  # noqa: E402
 
 HEADER = "# utilities for the build scripts of the project, kept in one module\nimport os\nimport sys\n\n"
 NEW_TOKENS = 48
-GROUP_SIZE = {"rtn4": 128}  # the CLI's default group size of a method that takes one (else per channel: 0)
-
-
-def _quantize(method: str, out: str) -> None:
-    """The demo model quantized by `method` as `lamina quantize` does by default (RTN: no calibration), into `out`."""
-    quantize_checkpoint(DEMO_MODEL, out, get_recipe(method), GROUP_SIZE.get(method, 0), progress=False)
 
 
 def _runs(model: str, device: str) -> dict:

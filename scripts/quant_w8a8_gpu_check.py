@@ -174,7 +174,9 @@ def _quantize(method: str, out: str) -> None:
                                           16, 512)
         quantize_calibrated(DEMO_MODEL, out, CALIBRATED[method], 0, ("lm_head",), sequences, progress=False)
     else:
-        quantize_checkpoint(DEMO_MODEL, out, get_recipe(method), 0, ("lm_head",), progress=False)
+        recipe = get_recipe(method)  # the CLI's default group size (128) where the recipe takes one
+        quantize_checkpoint(DEMO_MODEL, out, recipe, 128 if recipe.uses_group_size else 0, ("lm_head",),
+                            progress=False)
 
 
 def models(device: str) -> list[dict]:
