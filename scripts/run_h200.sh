@@ -66,6 +66,9 @@
 #         spec-b1-plain  scripts/profile_spec.py on the default draft model and n-gram at batch 1: step times by kind
 #         spec-host      scripts/profile_spec.py on the draft model's k = 3 chain at batch 1: step times, cProfile by own
 #                        and by cumulative time, the device's timeline (where a verify step's host time goes)
+#         bars           the open issues' bars of record in one call: lamina.bench.spec at batch 1 on the prompt sets
+#                        (off, control, n-gram, the draft model, EAGLE; 3 repeats), then at 8, 32 and 128 rows (5
+#                        repeats; never slower), then lamina.bench.quant_speed --skip-kernels (issue #13's decode bars)
 #         spec-trace     scripts/trace_spec_policy.py on the default draft model, code and chat prompts at batch 1 (each
 #                        window's arm, steps by kind and the policy's view: why it drafts or not)
 set -u
@@ -227,6 +230,14 @@ for step in "$@"; do
             run spec-host-profiler-timeline $host --profiler timeline ;;
         spec-trace) run spec-trace timeout 150 env PYTHONPATH=. python scripts/trace_spec_policy.py --methods draft_model \
                         --prompt-sets code,chat --result-file "$OUT/spec-trace.json" ;;
+        bars)
+            run bars-spec-b1 timeout 200 python -m lamina.bench.spec --methods control,ngram,draft_model,eagle \
+                --batch-sizes "" --concurrency "" --new-tokens 256 --repeats 3 --disable-tqdm \
+                --result-file "$OUT/bars-spec-b1.json"
+            run bars-spec-rows timeout 240 python -m lamina.bench.spec --methods control,ngram,draft_model \
+                --prompt-sets "" --batch-sizes 8,32,128 --concurrency "" --new-tokens 256 --repeats 5 --disable-tqdm \
+                --result-file "$OUT/bars-spec-rows.json"
+            run bars-quant timeout 150 python -m lamina.bench.quant_speed --skip-kernels ;;
         *) echo "unknown step: $step"; status=2 ;;
     esac
 done
