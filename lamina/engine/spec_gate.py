@@ -53,13 +53,15 @@ The speculating windows have two modes, chosen the same way by a second pair of 
 SPEC leads first and in doubt: FULL needs FULL_MARGIN (5 %) over it to lead where a bucket holds several rows,
 SPEC_MARGIN (2 %) at one row (`full_margin`: one row's window rate is all its request's speed, no tail to charge).
 The modes are compared only while speculation leads its bucket (after its first probe of plain): a probe of
-speculation runs in the leading mode, so that where plain leads no window probes twice over (at 128 rows FULL ran
-at 0.45 of plain's rate, and its probes came inside speculation's). A speculating window counts for speculation's
-rate only in the mode that leads, so that a probe of the other mode is not taken for it. Why FULL: the policy's
-bookkeeping and decisions cost host time every step, ~20-35 us of a 0.25-0.5 ms batch-1 step on an H100's host,
-and there a verify step costs little more than a plain one, so drafting at every match pays: k fixed ran 15-25 %
-faster than the policy at batch 1 (docs/BENCHMARKS.md, thirty-fifth session). At 128-256 rows drafts without the
-policy lose (k fixed 0.77x there) and are only probed, if speculation leads there at all.
+speculation runs in the leading mode, so that where plain leads no window probes twice over (at 128 rows FULL ran at
+0.45 of plain's rate, and its probes came inside speculation's). When plain takes the lead, the modes start over
+with the policy leading (a FULL lead learnt on another workload would otherwise run every probe of speculation). A
+speculating window counts for speculation's rate only in the mode that leads, so that a probe of the other mode is
+not taken for it. Why FULL: the policy's bookkeeping and decisions cost host time every step, ~20-35 us of a
+0.25-0.5 ms batch-1 step on an H100's host, and there a verify step costs little more than a plain one, so drafting
+at every match pays: k fixed ran 15-25 % faster than the policy at batch 1 (docs/BENCHMARKS.md, thirty-fifth
+session). At 128-256 rows drafts without the policy lose (k fixed 0.77x there) and are only probed, if speculation
+leads there at all.
 """
 from __future__ import annotations
 
@@ -295,7 +297,7 @@ class SpecGate:
         self._arm, pair = state.next_arm(), state
         if self._arm is Arm.SPEC and self.full_arm:
             if bucket not in self.modes:
-                self.modes[bucket] = BucketState(Arm.FULL, Arm.SPEC, full_margin(bucket.rows), leader=Arm.SPEC)
+                self._start_modes(bucket)
             mode = self.modes[bucket]
             # the modes are compared once speculation leads (its first probe of plain judged); else its leader runs
             explore = state.leader is Arm.SPEC and state.advantage is not None
@@ -321,9 +323,23 @@ class SpecGate:
         speculation's rate), and the modes."""
         mode = self.modes[self._bucket] if self.full_arm and not self.plain else None
         if mode is None or self._arm is mode.leader:
-            self.buckets[self._bucket].record(Arm.PLAIN if self.plain else Arm.SPEC, rate, self.max_gap, seconds)
+            state = self.buckets[self._bucket]
+            led = state.leader
+            state.record(Arm.PLAIN if self.plain else Arm.SPEC, rate, self.max_gap, seconds)
+            if self.full_arm and led is Arm.SPEC and state.leader is Arm.PLAIN:
+                self._start_modes(self._bucket)
+                return
         if mode is not None:
             mode.record(self._arm, rate, self.max_gap, seconds)
+
+    def _start_modes(self, bucket: Bucket) -> None:
+        """The bucket's modes from scratch, the policy leading: at its first speculating window, and again when plain
+        takes the lead from speculation. Their comparison pauses while plain leads (speculation's probes run in the
+        modes' leader), so FULL, had it led on an earlier workload and lost to plain on this one, would run every
+        probe of speculation and keep plain leading where the policy might beat it (tests/engine/test_spec_gate.py;
+        a CPU bench's median repeat of code prompts at T = 0.6, after prose's: 560 plain steps, 726 FULL, ~80 the
+        policy's, 1.43x where session 43's tree, with the policy leading, ran 1.59x)."""
+        self.modes[bucket] = BucketState(Arm.FULL, Arm.SPEC, full_margin(bucket.rows), leader=Arm.SPEC)
 
 
 def without_stalls(steps: list[tuple[int, float]]) -> list[tuple[int, float]]:

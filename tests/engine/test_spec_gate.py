@@ -340,7 +340,21 @@ def test_where_plain_leads_drafts_without_the_policy_are_not_probed() -> None:
     gate = SpecGate(full=True)
     arms = run(gate, 300, {Arm.FULL: 450.0, Arm.SPEC: 980.0, Arm.PLAIN: 1000.0}.get, rows=128)
     assert arms.startswith("SPS") and "F" not in arms and gate.buckets[128, False].leader is Arm.PLAIN
-    assert gate.modes[128, False].leader is Arm.SPEC and gate.modes[128, False].second_windows == arms.count("S")
+    assert gate.modes[128, False].leader is Arm.SPEC and gate.modes[128, False].first_windows == 0
+
+
+def test_when_plain_takes_the_lead_speculation_is_probed_with_the_policy_again() -> None:
+    """Drafts without the policy lead on one workload (FULL 1.3x plain, the policy 1.05x); on the next FULL runs at
+    0.9x plain and the policy would run 1.2x. Plain takes the lead from FULL before the modes are compared again,
+    and the modes then start over with the policy leading: speculation leads again, in the policy's mode. (Were
+    FULL to keep the modes' lead, which is not compared while plain leads, its probes alone would keep plain
+    leading.)"""
+    gate = SpecGate(full=True)
+    run(gate, 200, {Arm.FULL: 1300.0, Arm.SPEC: 1050.0, Arm.PLAIN: 1000.0}.get)
+    assert gate.modes[1, False].leader is Arm.FULL and gate.buckets[1, False].leader is Arm.SPEC
+    arms = run(gate, 300, {Arm.FULL: 900.0, Arm.SPEC: 1200.0, Arm.PLAIN: 1000.0}.get)
+    assert gate.buckets[1, False].leader is Arm.SPEC and gate.modes[1, False].leader is Arm.SPEC
+    assert arms[100:].count("S") >= 190 and arms[100:].count("F") <= 5, arms
 
 
 def test_probes_of_dear_speculating_steps_cost_a_leader_windows_time() -> None:
