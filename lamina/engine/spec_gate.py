@@ -153,29 +153,31 @@ class BucketState:
         probing = self.probe is None and self.before is not None and self.since_probe >= self.gap
         return self._other(self.leader) if probing else self.leader
 
-    def record(self, arm: Arm, rate: float, max_gap: int, seconds: float | None = None) -> None:
+    def record(self, arm: Arm, rate: float, max_gap: int, seconds: float | None = None) -> bool:
         """A window of `arm` ran at `rate` (and took `seconds`, if it ran all its steps). A probe waits for the
         leader's next window; then its rate against the geometric mean of its two neighbours updates the advantage,
         and the leader and the gap are chosen again. Neighbours more than NEIGHBOURS_AGREE apart (the workload
-        changed across the probe) judge nothing: the next probe comes after `gap` windows, as after any."""
+        changed across the probe) judge nothing: the next probe comes after `gap` windows, as after any. Whether the
+        lead changed."""
         self._count(arm, rate)
         if arm is self.leader and seconds is not None:
             self.lead_seconds = ema(self.lead_seconds, seconds)
         if arm is not self.leader:
             self.probe, self.since_probe = rate, 0
-            return
+            return False
         if self.probe is not None:
             before, probe, self.probe = self.before or rate, self.probe, None
             if max(before, rate) > NEIGHBOURS_AGREE * min(before, rate):
                 self.since_probe, self.before = 0, rate  # the workload changed across it: the next probe, as usual
-                return
+                return False
             paired = probe / math.sqrt(before * rate)
             sample = math.log(paired) if arm is self.second else -math.log(paired)
             self.advantage = ema(self.advantage, sample)
             if self._choose(max_gap, contradicted=self._faster(sample) is not self.leader):
                 self.since_probe, self.before = 0, None  # the new leader's windows are measured from now
-                return
+                return True
         self.since_probe, self.before = self.since_probe + 1, rate
+        return False
 
     def as_dict(self) -> dict:
         """The state as JSON-ready values (arms by name)."""
@@ -324,9 +326,8 @@ class SpecGate:
         mode = self.modes[self._bucket] if self.full_arm and not self.plain else None
         if mode is None or self._arm is mode.leader:
             state = self.buckets[self._bucket]
-            led = state.leader
-            state.record(Arm.PLAIN if self.plain else Arm.SPEC, rate, self.max_gap, seconds)
-            if self.full_arm and led is Arm.SPEC and state.leader is Arm.PLAIN:
+            changed = state.record(Arm.PLAIN if self.plain else Arm.SPEC, rate, self.max_gap, seconds)
+            if self.full_arm and changed and state.leader is Arm.PLAIN:
                 self._start_modes(self._bucket)
                 return
         if mode is not None:
