@@ -38,6 +38,7 @@ from lamina.quant import fp8, llm_int8, w8a8, w8a8_int8  # noqa: E402
 from lamina.quant.config import WeightQuantArgs  # noqa: E402
 from lamina.quant.packing import pack_int32  # noqa: E402
 from lamina.quant.rtn import rtn_quantize  # noqa: E402
+from lamina.quant.rtn4 import DEFAULT_GROUP_SIZE  # noqa: E402
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (96, 40)]  # (K, N); the last one is not a multiple of 8
 ROWS = [1, 8, 16, 17, 33, 256, 2048]
@@ -174,9 +175,9 @@ def _quantize(method: str, out: str) -> None:
                                           16, 512)
         quantize_calibrated(DEMO_MODEL, out, CALIBRATED[method], 0, ("lm_head",), sequences, progress=False)
     else:
-        recipe = get_recipe(method)  # the CLI's default group size (128) where the recipe takes one
-        quantize_checkpoint(DEMO_MODEL, out, recipe, 128 if recipe.uses_group_size else 0, ("lm_head",),
-                            progress=False)
+        recipe = get_recipe(method)  # the CLI's default group size where the recipe takes one
+        quantize_checkpoint(DEMO_MODEL, out, recipe, DEFAULT_GROUP_SIZE if recipe.uses_group_size else 0,
+                            ("lm_head",), progress=False)
 
 
 def models(device: str) -> list[dict]:
