@@ -191,7 +191,7 @@ class LLMEngine:
         next_launch = self._inflight.launch_seconds if self._inflight is not None else 0.0
         seconds = time.perf_counter() - start - next_launch + step.launch_seconds
         if self.speculator is not None:
-            self.speculator.after_step(scheduled, seconds, step.requests)
+            self.speculator.after_step(scheduled, seconds, step.requests, draining=not self.scheduler.waiting)
         if self._inflight is not None and all(r.is_finished for r in self._inflight.requests):
             self._inflight = None  # nothing left in it to wait for (its device work is stream-ordered)
         if self.step_log is not None:

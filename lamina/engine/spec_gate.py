@@ -12,6 +12,10 @@ A window's rate is the tokens its steps emitted over their wall time, counting o
 decided in the window's arm (not its first: those were decided before it began), that compiled no kernel and that
 were no stall (more than STALL_FACTOR times the window's median step: a first use, a garbage collection; one such
 step in a 16-step window would make its arm look several times slower, and the probes' EMA would carry it).
+While no request waits to be admitted, the batch drains and ends with its slowest request: drafts that speed some
+rows while the verify steps slow the others make more tokens a second and a later end, so a draining window's rate
+is charged by its slowest row's tokens over its mean row's (`row_balance`; 1 for a plain window, whose rows each
+emit a token a step). With requests waiting, a row that ends early is replaced: tokens a second are the measure.
 Each bucket (the rows of a step by powers of two, and whether every row is greedy) has a leading arm, and the other
 is probed for one window after `gap` windows of the leader. Greedy and sampled steps are measured apart: what
 drafts buy differs between them by more than the arms' margins (acceptance; FULL looks ahead only while every row
@@ -69,16 +73,21 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from enum import Enum
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from lamina.engine.request import Request
 
 WINDOW = 16  # steps a window (a batch-1 step of the demo model is ~0.3-0.5 ms on the H200, ~4 ms on the CPU)
 MAX_GAP = 64  # windows of the leader between two probes, at most
 RATE_DECAY = 0.7  # EMAs (the advantage, each arm's rate): this much of the old value, the rest the new sample
 SPEC_MARGIN = 0.02  # speculation leads only while faster than plain by this much: in doubt, the plain engine
 # drafting without the policy (FULL) leads the policy only while faster by this much where a bucket holds several
-# rows: a fixed batch's requests that draft finish first and leave a tail of slower steps that a window's rate does
+# rows: a fixed batch's requests that draft finish first and leave a tail of slower steps that a window's rate did
 # not charge, and FULL drafts the most (at 128 rows, H100, it once led on a 3 % edge and ran the batch at 0.90x of
-# off, k fixed's ~0.8x regime). One row has no tail: there FULL needs SPEC_MARGIN only (full_margin)
+# off, k fixed's ~0.8x regime). Draining windows are charged for it since (row_balance); the margin stays, not
+# measured without it. One row has no tail: there FULL needs SPEC_MARGIN only (full_margin)
 FULL_MARGIN = 0.05
 EXPLORE_BUDGET = 0.01  # probes of the slower arm cost at most this share of the throughput (up to MAX_GAP)
 MIN_PROBE_STEPS = 4  # a probe cut short by the leader's window time runs this many steps at least (its first is
@@ -224,6 +233,7 @@ class WindowRecord:
     tokens: int  # emitted by the counted steps
     seconds: float  # their wall time
     recorded: bool  # whether it changed the bucket's state (complete, or half counted)
+    balance: float = 1.0  # the rate was charged with this (row_balance; 1 unless the batch drained)
 
 
 class SpecGate:
@@ -240,10 +250,12 @@ class SpecGate:
         self._arm = Arm.SPEC
         self._held: Arm | None = None  # hold's arm: every window runs in it
         self._bucket: Bucket | None = None  # the window's bucket
+        self._bucket_of: dict[tuple[int, bool], Bucket] = {}  # (rows, greedy) -> its bucket (_new_bucket)
         self._steps = 0  # steps of the window so far
         self._seconds = 0.0  # their wall time
         self._limit: float | None = None  # a probe's: it ends once its steps took this long (a leader window's)
         self._counted: list[tuple[int, float]] = []  # (tokens, seconds) of the window's counted steps
+        self._outputs: dict[str, int] | None = None  # request id -> output tokens after its first step (draining)
 
     @property
     def arm(self) -> Arm:
@@ -270,28 +282,42 @@ class SpecGate:
         self._arm = Arm.SPEC if arm is None else arm
 
     def observe(self, num_rows: int, num_tokens: int, seconds: float, arm: Arm, countable: bool = True,
-                greedy: bool = False) -> None:
+                greedy: bool = False, draining: Sequence[Request] = ()) -> None:
         """One step of `num_rows` rows emitted `num_tokens` tokens in `seconds`. `arm`: the arm its drafts were
-        decided in (the window's when it counts); countable: it compiled no kernel; greedy: every row is."""
+        decided in (the window's when it counts); countable: it compiled no kernel; greedy: every row is;
+        draining: the step's requests when none waits to be admitted (the batch drains: its slowest row is
+        charged, row_balance), else empty."""
         if num_rows <= 0:
             return
-        bucket = Bucket(batch_bucket(num_rows), greedy)
-        if bucket != self._bucket:
-            self._end_window(complete=False)
+        bucket = self._bucket_of.get((num_rows, greedy)) or self._new_bucket(num_rows, greedy)
+        if bucket is not self._bucket:
+            self._end_window(False, draining)
             self._start_window(bucket)
-        self._steps, self._seconds = self._steps + 1, self._seconds + seconds
+        self._steps += 1
+        self._seconds += seconds
+        if self._steps == 1 and len(draining) > 1:  # the rows' outputs after the window's first step (not counted)
+            self._outputs = {r.request_id: r.num_output_tokens for r in draining}
         if countable and arm is self._arm:
             self._counted.append((num_tokens, seconds))
-        if self._steps >= self.window or self._probe_done():
-            self._end_window(complete=True)
+        if self._steps >= self.window or (self._limit is not None and self._probe_done()):
+            self._end_window(True, draining)
             self._start_window(bucket)
+
+    def _new_bucket(self, num_rows: int, greedy: bool) -> Bucket:
+        """The bucket of a step of `num_rows` rows, kept: `observe` runs every step, on the host's critical path
+        at small batches, and looks it up instead of building it (one object a bucket, compared by identity)."""
+        bucket = Bucket(batch_bucket(num_rows), greedy)
+        bucket = next((b for b in self._bucket_of.values() if b == bucket), bucket)
+        self._bucket_of[num_rows, greedy] = bucket
+        return bucket
 
     def _probe_done(self) -> bool:
         """Whether a probe has taken a leader window's time (and run MIN_PROBE_STEPS)."""
-        return self._limit is not None and self._steps >= MIN_PROBE_STEPS and self._seconds >= self._limit
+        return self._steps >= MIN_PROBE_STEPS and self._seconds >= self._limit
 
     def _start_window(self, bucket: Bucket) -> None:
         self._bucket, self._steps, self._seconds, self._counted, self._limit = bucket, 0, 0.0, [], None
+        self._outputs = None
         state = self.buckets.setdefault(bucket, BucketState())
         if self._held is not None:
             self._arm = self._held
@@ -307,17 +333,18 @@ class SpecGate:
         if self._arm is not pair.leader:  # a probe: it lasts a leader window's time at most
             self._limit = pair.lead_seconds
 
-    def _end_window(self, complete: bool) -> None:
+    def _end_window(self, complete: bool, draining: Sequence[Request]) -> None:
         if self._bucket is None:
             return
         counted = without_stalls(self._counted)
         tokens, seconds = sum(t for t, _ in counted), sum(s for _, s in counted)
+        balance = row_balance(self._outputs, draining) if self._outputs and draining else 1.0
         recorded = self._held is None and seconds > 0 and (complete or 2 * len(counted) >= self.window)
         if recorded:
-            self._record(tokens / seconds, self._seconds if self._steps >= self.window else None)
+            self._record(balance * tokens / seconds, self._seconds if self._steps >= self.window else None)
         if self.window_log is not None:
             self.window_log.append(WindowRecord(self._bucket, self._arm, self._steps, len(counted), tokens, seconds,
-                                                recorded))
+                                                recorded, balance))
 
     def _record(self, rate: float, seconds: float | None) -> None:
         """A window's rate (and its time, if it ran all its steps) to its bucket's states: speculation against
@@ -349,3 +376,14 @@ def without_stalls(steps: list[tuple[int, float]]) -> list[tuple[int, float]]:
         return steps
     limit = STALL_FACTOR * sorted(s for _, s in steps)[len(steps) // 2]
     return [step for step in steps if step[1] <= limit]
+
+
+def row_balance(start: dict[str, int], requests: Sequence[Request]) -> float:
+    """The tokens of the window's slowest row over its mean row's: among `requests` (at the window's end) those in
+    `start` (request id -> output tokens after its first step) that emitted any (a row mid-prompt or preempted all the
+    window is slow for other reasons). A batch that must all finish ends with its slowest request: drafts that
+    speed the others while verify steps slow it make more tokens a second and a later end (fixed batches of 8 at
+    0.74-0.83x of off, H100, forty-sixth session), so a draining window's rate is charged by this share; a plain
+    window's rows each emit a token a step (1.0)."""
+    emitted = [n for r in requests if (n := r.num_output_tokens - start.get(r.request_id, r.num_output_tokens)) > 0]
+    return min(emitted) * len(emitted) / sum(emitted) if emitted else 1.0

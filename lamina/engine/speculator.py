@@ -173,6 +173,7 @@ class Speculator:
         self.has_drafts = False  # whether after_tokens left drafts for the next step (the engine launches it early)
         self._next_waits = True  # FULL, n-gram: whether the step after the next waits for the next one's tokens
         self._compiled = False  # whether the step compiled a kernel (no sample of its speed)
+        self._greedy_of: tuple[list[str], bool] = ([], True)  # the last step's request ids, all greedy (_all_greedy)
 
     @property
     def num_lookahead_tokens(self) -> int:
@@ -316,11 +317,12 @@ class Speculator:
         return any(self.proposer.has_match(self._arrays.of(r)) for r in running
                    if max_drafts(r, self.k, self.max_model_len, ahead=1))
 
-    def after_step(self, scheduled: SchedulerOutput, step_seconds: float, requests: list[Request]) -> None:
+    def after_step(self, scheduled: SchedulerOutput, step_seconds: float, requests: list[Request],
+                   draining: bool = False) -> None:
         """The step's wall time, once its outputs are processed: the verify time, the policy's cost model, and
         the share of a step that the decision after it took. The decision ran inside the step's call; the policy
         charges it apart (c_draft), so its cost model gets the step without it. `requests`: the step's (the gate
-        measures greedy steps apart)."""
+        measures greedy steps apart); `draining`: none waits to be admitted (the gate charges the slowest row)."""
         if scheduled.scheduled_spec_decode_tokens:
             self.stats.verify_seconds += step_seconds
         decision, self._decision_seconds = self._decision_seconds, None
@@ -334,7 +336,14 @@ class Speculator:
             self.stats.plain_steps += arm is Arm.PLAIN
             self.stats.full_steps += arm is Arm.FULL
             self.gate.observe(len(scheduled.req_ids), self._emitted, step_seconds, self._step_arm,
-                              countable=not self._compiled, greedy=all_greedy(requests))
+                              countable=not self._compiled, greedy=self._all_greedy(scheduled.req_ids, requests),
+                              draining=requests if draining else ())
+
+    def _all_greedy(self, req_ids: list[str], requests: list[Request]) -> bool:
+        """all_greedy(requests), read only when the step's request ids differ from the last step's (host time)."""
+        if req_ids != self._greedy_of[0]:
+            self._greedy_of = req_ids, all_greedy(requests)
+        return self._greedy_of[1]
 
     def _observe_decision(self, seconds: float, step_seconds: float) -> None:
         if step_seconds > 0:
