@@ -71,9 +71,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
@@ -382,8 +382,7 @@ def row_balance(start: dict[str, int], requests: Sequence[Request]) -> float:
     """The tokens of the window's slowest row over its mean row's: among `requests` (at the window's end) those in
     `start` (request id -> output tokens after its first step) that emitted any (a row mid-prompt or preempted all the
     window is slow for other reasons). A batch that must all finish ends with its slowest request: drafts that
-    speed the others while verify steps slow it make more tokens a second and a later end (fixed batches of 8 at
-    0.74-0.83x of off, H100, forty-sixth session), so a draining window's rate is charged by this share; a plain
-    window's rows each emit a token a step (1.0)."""
+    speed the others while verify steps slow it make more tokens a second and a later end (docs/speculative.md),
+    so a draining window's rate is charged by this share; a plain window's rows each emit a token a step (1.0)."""
     emitted = [n for r in requests if (n := r.num_output_tokens - start.get(r.request_id, r.num_output_tokens)) > 0]
     return min(emitted) * len(emitted) / sum(emitted) if emitted else 1.0
