@@ -12,6 +12,7 @@ from typing import Any
 
 from lamina import DEMO_MODEL, __version__
 from lamina.quant.recipe import get_recipe, method_names
+from lamina.quant.rtn4 import DEFAULT_GROUP_SIZE
 from lamina.quantize.calibration import DEFAULT_NUM_SAMPLES, DEFAULT_SEQ_LEN
 from lamina.quantize.gate import budgets, code_eval, not_better, over_budget, table
 
@@ -84,7 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("model", help="the unquantized model directory")
     q.add_argument("--method", required=True, choices=METHODS, help="see above")
     q.add_argument("--group-size", type=int, default=None,
-                   help="input columns per scale group, rtn4 / gptq / awq (default 128)")
+                   help=f"input columns per scale group, rtn4 / gptq / awq (default {DEFAULT_GROUP_SIZE})")
     q.add_argument("--output", required=True, metavar="DIR", help="where to write the quantized checkpoint")
     q.add_argument("--force", action="store_true", help="write the checkpoint even when over budget")
     q.add_argument("--max-ppl-increase", type=float, default=None, metavar="PCT",
@@ -130,7 +131,7 @@ def _group_size(args: argparse.Namespace, recipe: Any) -> int:
         if args.group_size is not None:
             raise ValueError(f"--group-size: {recipe.name} has one scale per output channel; it takes no group size")
         return 0
-    size = 128 if args.group_size is None else args.group_size
+    size = DEFAULT_GROUP_SIZE if args.group_size is None else args.group_size
     if size <= 0:
         raise ValueError(f"--group-size must be a positive integer, got {size}")
     return size
