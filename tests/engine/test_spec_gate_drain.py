@@ -23,7 +23,7 @@ def test_row_balance_is_the_slowest_rows_share_of_the_mean() -> None:
     assert row_balance({"c": 5}, rows) == 1.0  # nobody emitted: nothing to charge
 
 
-def run_batch(gate: SpecGate, steps: int, draining: bool) -> list[Row]:
+def run_batch(gate: SpecGate, steps: int, draining: bool) -> None:
     """A batch of 8 rows: a speculating step gives rows 0-3 three tokens and rows 4-7 one in 1/600 s (9,600 tokens
     a second), a plain step one token each in 1/1000 s (8,000): 1.2x the tokens a second, the slow half's end 1.67x
     later."""
@@ -35,7 +35,6 @@ def run_batch(gate: SpecGate, steps: int, draining: bool) -> list[Row]:
             row.num_output_tokens += 3 if speculating and i < 4 else 1
         tokens = 16 if speculating else 8
         gate.observe(8, tokens, 1 / 600 if speculating else 1 / 1000, arm, draining=rows if draining else ())
-    return rows
 
 
 def test_a_draining_batch_runs_plain_where_drafts_leave_its_slowest_rows_behind() -> None:
