@@ -290,7 +290,7 @@ class SpecGate:
         if num_rows <= 0:
             return
         bucket = self._bucket_of.get((num_rows, greedy)) or self._new_bucket(num_rows, greedy)
-        if bucket is not self._bucket:
+        if bucket != self._bucket:
             self._end_window(False, draining)
             self._start_window(bucket)
         self._steps += 1
@@ -305,14 +305,12 @@ class SpecGate:
 
     def _new_bucket(self, num_rows: int, greedy: bool) -> Bucket:
         """The bucket of a step of `num_rows` rows, kept: `observe` runs every step, on the host's critical path
-        at small batches, and looks it up instead of building it (one object a bucket, compared by identity)."""
-        bucket = Bucket(batch_bucket(num_rows), greedy)
-        bucket = next((b for b in self._bucket_of.values() if b == bucket), bucket)
-        self._bucket_of[num_rows, greedy] = bucket
+        at small batches, and looks it up instead of building it."""
+        bucket = self._bucket_of[num_rows, greedy] = Bucket(batch_bucket(num_rows), greedy)
         return bucket
 
     def _probe_done(self) -> bool:
-        """Whether a probe has taken a leader window's time (and run MIN_PROBE_STEPS)."""
+        """Whether a probe (a window with `_limit` set) has taken a leader window's time (and run MIN_PROBE_STEPS)."""
         return self._steps >= MIN_PROBE_STEPS and self._seconds >= self._limit
 
     def _start_window(self, bucket: Bucket) -> None:
