@@ -362,9 +362,8 @@ class SpecGate:
         """The bucket's modes from scratch, the policy leading: at its first speculating window, and again when plain
         takes the lead from speculation. Their comparison pauses while plain leads (speculation's probes run in the
         modes' leader), so FULL, had it led on an earlier workload and lost to plain on this one, would run every
-        probe of speculation and keep plain leading where the policy might beat it (tests/engine/test_spec_gate.py;
-        a CPU bench's median repeat of code prompts at T = 0.6, after prose's: 560 plain steps, 726 FULL, ~80 the
-        policy's, 1.43x where session 43's tree, with the policy leading, ran 1.59x)."""
+        probe of speculation and keep plain leading where the policy might beat it (tests/engine/test_spec_gate_full.py;
+        the CPU bench that showed it: docs/BENCHMARKS.md, forty-fifth session)."""
         self.modes[bucket] = BucketState(Arm.FULL, Arm.SPEC, full_margin(bucket.rows), leader=Arm.SPEC)
 
 
