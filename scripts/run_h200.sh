@@ -69,6 +69,8 @@
 #         bars           the open issues' bars of record in one call: lamina.bench.spec at batch 1 on the prompt sets
 #                        (off, control, n-gram, the draft model, EAGLE; 3 repeats), then at 8, 32 and 128 rows (5
 #                        repeats; never slower), then lamina.bench.quant_speed --skip-kernels (issue #13's decode bars)
+#         spec-plain-prof  scripts/profile_spec.py on the draft model and EAGLE held plain at batch 1: step times by kind
+#                        (no profiler), then device time by kernel (torch.profiler), each against off
 #         spec-trace     scripts/trace_spec_policy.py on the default draft model, code and chat prompts at batch 1 (each
 #                        window's arm, steps by kind and the policy's view: why it drafts or not)
 set -u
@@ -230,6 +232,10 @@ for step in "$@"; do
             run spec-host-profiler-timeline $host --profiler timeline ;;
         spec-trace) run spec-trace timeout 150 env PYTHONPATH=. python scripts/trace_spec_policy.py --methods draft_model \
                         --prompt-sets code,chat --result-file "$OUT/spec-trace.json" ;;
+        spec-plain-prof)
+            plain="timeout 200 env PYTHONPATH=. python scripts/profile_spec.py --methods draft_model-plain,eagle-plain"
+            run spec-plain-none $plain --new-tokens 512 --profiler none
+            run spec-plain-torch $plain --new-tokens 256 --profiler torch --top 30 ;;
         bars)
             run bars-spec-b1 timeout 200 python -m lamina.bench.spec --methods control,ngram,draft_model,eagle \
                 --batch-sizes "" --concurrency "" --new-tokens 256 --repeats 3 --disable-tqdm \
