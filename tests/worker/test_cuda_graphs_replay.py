@@ -16,8 +16,8 @@ from lamina.graphs import EagerGraph
 from lamina.worker.cuda_graphs import CudaGraphRunner, SlotSampling, prefill_query_lens
 from lamina.worker.input_batch import HostBatch
 from tests.helpers.spec_tree import count_off_chain, perturbed_copy
-from tests.worker.test_cuda_graphs import decode_batch
 from tests.helpers.tiny_models import make_tiny_model
+from tests.worker.test_cuda_graphs import decode_batch
 
 
 @pytest.fixture(scope="module")
