@@ -142,15 +142,31 @@ class DecoderModel(nn.Module):
     def forward_layers(self, input_ids: torch.Tensor, positions: torch.Tensor, num_layers: int) -> torch.Tensor:
         """embed -> the first `num_layers` layers -> norm (early exit: lamina/spec/early_exit.py)."""
         hidden, residual = self.embed_tokens(input_ids), None
-        aux = {}
+        aux = self._aux_buffer(hidden) if num_layers == len(self.layers) else None
         for i, layer in enumerate(itertools.islice(self.layers, num_layers)):
-            if i in self.aux_layers:  # the residual stream entering layer i
-                aux[i] = hidden.clone() if residual is None else hidden + residual  # fused norms write in place
+            if aux is not None and i in self.aux_layers:  # the residual stream entering layer i, written in place
+                self._write_aux(aux, self.aux_layers.index(i), hidden, residual)  # (fused norms overwrite it)
             hidden, residual = layer(positions, hidden, residual)
-        if self.aux_sink is not None and num_layers == len(self.layers):
-            self.aux_sink(torch.cat([aux[i] for i in self.aux_layers], dim=-1))
+        if aux is not None:
+            self.aux_sink(aux)
         hidden, _ = self.norm(hidden, residual)
         return hidden
+
+    def _aux_buffer(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """[T, len(aux_layers) * H] for the sink's features, or None without a sink."""
+        if self.aux_sink is None:
+            return None
+        return hidden.new_empty(hidden.shape[0], len(self.aux_layers) * hidden.shape[-1])
+
+    @staticmethod
+    def _write_aux(aux: torch.Tensor, j: int, hidden: torch.Tensor, residual: torch.Tensor | None) -> None:
+        """aux's j-th H columns := hidden + residual (hidden alone before the first layer): one kernel, no concat."""
+        h = hidden.shape[-1]
+        out = aux[:, j * h:(j + 1) * h]
+        if residual is None:
+            out.copy_(hidden)
+        else:
+            torch.add(hidden, residual, out=out)
 
 
 class CausalLM(nn.Module):

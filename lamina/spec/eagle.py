@@ -82,12 +82,12 @@ def load_head(model_dir: str, device: torch.device | str = "cpu", dtype: torch.d
 
 def feature_store(features: torch.Tensor, fc: torch.nn.Module, dtype: torch.dtype) -> Callable[[torch.Tensor], None]:
     """The target's aux sink (CausalLM.record_aux_hidden_states): keep fc(f) of the forward's tokens (aux [T, 3H])
-    at their KV slots in `features`. It runs inside the forward, so inside its CUDA graph: no host work a step. A
-    token that stores no KV (slot -1: graph padding) writes into the null block. It holds the tensor and the
-    layer, not the proposer: the target keeps it, and a reference cycle would outlive a dropped engine."""
+    at their KV slots in `features` (one row per KV slot, then a spare row). It runs inside the forward, so inside
+    its CUDA graph: no host work a step, two kernels (the fc and one scatter). A token that stores no KV (slot -1:
+    graph padding) writes into the spare last row (a negative index counts from the end). It holds the tensor and
+    the layer, not the proposer: the target keeps it, and a reference cycle would outlive a dropped engine."""
     def store(aux: torch.Tensor) -> None:
-        slots = get_attention_metadata().slot_mapping.clamp(min=0)
-        features.index_copy_(0, slots, fc(aux.to(dtype)))
+        features.index_put_((get_attention_metadata().slot_mapping,), fc(aux.to(dtype)))
     return store
 
 
@@ -117,7 +117,7 @@ class EagleProposer:
                                            num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
         self.block_size = 0  # set by bind_cache
         self.kv_caches: list[KVCache] = []
-        self.features = torch.empty(0, cfg.hidden_size, dtype=dtype, device=self.device)  # [slots, H], bind_cache
+        self.features = torch.empty(0, cfg.hidden_size, dtype=dtype, device=self.device)  # [slots + 1, H], bind_cache
         self._fed: dict[str, int] = {}  # req id -> head positions [0, fed) hold verified tokens
         self.loops: EagleLoops | None = None  # set by compile_and_capture
         self.tree = tree
@@ -130,8 +130,8 @@ class EagleProposer:
     def bind_cache(self, num_blocks: int, block_size: int) -> None:
         self.kv_caches = allocate_kv_caches(self.kv_arch, num_blocks, block_size, self.dtype, self.device)
         bind_kv_caches(self.head, self.kv_caches)
-        self.features = torch.zeros(num_blocks * block_size, self.cfg.hidden_size, dtype=self.dtype,
-                                    device=self.device)
+        self.features = torch.zeros(num_blocks * block_size + 1, self.cfg.hidden_size, dtype=self.dtype,
+                                    device=self.device)  # the last row: graph padding's (feature_store)
         self.target.record_aux_hidden_states(self.cfg.aux_hidden_state_layers,
                                              sink=feature_store(self.features, self.head.fc, self.dtype))
         self.block_size = block_size

@@ -16,7 +16,7 @@ from lamina.loader.hf_config import load_model_arch
 from lamina.loader.model_loader import load_model
 from lamina.models.common import CausalLM
 from lamina.spec.draft_loop import WIDE_TOKENS, DraftLoops
-from lamina.spec.eagle import EagleProposer
+from lamina.spec.eagle import EagleProposer, feature_store
 from lamina.spec.eagle_head import EagleHead, EagleHeadConfig, default_aux_layers, save_head
 from lamina.distill.eagle_ttt import unroll
 from lamina.spec.model_proposer import DraftRequest, Drafts
@@ -73,9 +73,32 @@ def test_aux_hidden_states_are_the_residual_stream_entering_the_layers(target_di
     (got,) = recorded
     assert got.shape == (len(tokens), 3 * target.arch.hidden_size)
     torch.testing.assert_close(got, _hf_features(target_dir, tokens, layers), rtol=1e-4, atol=1e-4)
+    target.record_aux_hidden_states((5, 2), sink=recorded.append)  # the sink's columns follow the given order
+    _prefill(target, tokens)
+    torch.testing.assert_close(recorded[1], _hf_features(target_dir, tokens, [5, 2]), rtol=1e-4, atol=1e-4)
     target.record_aux_hidden_states((), sink=recorded.append)
     _prefill(target, tokens)
-    assert len(recorded) == 1  # () stops recording
+    assert len(recorded) == 2  # () stops recording
+
+
+def test_feature_store_writes_each_token_at_its_slot_and_padding_to_the_spare_row() -> None:
+    hidden, slots = 4, [5, -1, 0, -1, 2]
+    features = torch.full((8 + 1, hidden), 7.0)  # 8 KV slots, then the spare row
+    fc = torch.nn.Linear(3 * hidden, hidden)
+    aux = torch.randn(len(slots), 3 * hidden)
+    metadata = AttentionMetadata(
+        slot_mapping=torch.tensor(slots), query_start_loc=torch.tensor([0, 5], dtype=torch.int32),
+        seq_lens=torch.tensor([5], dtype=torch.int32), block_tables=torch.tensor([[0, 1]], dtype=torch.int32),
+        max_query_len=5, max_seq_len=5, query_start_loc_cpu=[0, 5], seq_lens_cpu=[5])
+    with torch.no_grad(), set_attention_metadata(metadata):
+        feature_store(features, fc, torch.float32)(aux)
+        want = fc(aux)
+    for row, slot in enumerate(slots):
+        if slot >= 0:
+            torch.testing.assert_close(features[slot], want[row])
+    untouched = [1, 3, 4, 6, 7]
+    assert torch.equal(features[untouched], torch.full((len(untouched), hidden), 7.0))
+    assert any(torch.equal(features[-1], want[row]) for row in (1, 3))  # both padding rows land there
 
 
 def _prefill(model: CausalLM, tokens: list[int]) -> None:
@@ -257,7 +280,7 @@ def test_the_captured_loops_draft_what_the_unrolled_head_does(target_dir: Path, 
 
 def test_replayed_target_steps_store_what_eager_steps_do(target_dir: Path, tmp_path: Path) -> None:
     """The target's CUDA-graph replays (EagerGraph on CPU, the Triton kernels under the interpreter) hand their
-    features to the head's store as its eager steps do (a padding row's into the null block): the engine's drafts
+    features to the head's store as its eager steps do (a padding row's into the spare last row): the engine's drafts
     and tokens are the same either way."""
     import tests.kernels.conftest  # noqa: F401 - TRITON_INTERPRET=1 and the interpreter fixes
     from lamina import LLM, SamplingParams
