@@ -115,8 +115,8 @@ MODEL_SPEC_METHODS = ("draft_model", "medusa", "eagle")  # the methods that read
 MAX_SPEC_TOKENS = 7  # a verify step computes 1 + k tokens a request; the paged decode kernel takes up to 8
 MAX_TREE_NODES = 63  # speculative_token_tree: nodes verified a request (the torch attention path has no cap of 8)
 TREE_METHODS = ("draft_model", "medusa", "eagle")  # the proposers that draft trees so far
-# num_speculative_tokens when not given: n-gram drafts cost nothing to make and a repeat runs on (H200, demo model,
-# batch 1, k fixed: 1.25-1.77x with 7 against 0.96-1.45x with 3); a network's drafts cost a step each
+# num_speculative_tokens when not given: n-gram drafts cost nothing to make and a repeat runs on (7 beat 3 at batch
+# 1 on the H200: docs/speculative.md, "Adaptive speculation"); a network's drafts cost a step each
 DEFAULT_SPEC_TOKENS = {"ngram": 7}
 DEFAULT_MODEL_SPEC_TOKENS = 3
 

@@ -16,9 +16,10 @@
    ragged batches; TFLOP/s = 2 * H * D * sum(n * (n + 1)) / s, against SDPA (flash, K/V expanded to
    32 heads) on the same sequences. decode: batch 64, context 1k..32k, block 16, shuffled blocks;
    bytes = K + V read, against the 4.63 TB/s streaming-read ceiling and SDPA on a contiguous cache.
-3. --engine (instead of 1 and 2): greedy tokens of the demo model (bf16, triton backend) with CUDA
-   graphs against enforce_eager, the first 32 tokens of 16 prompts (bf16 can flip near-ties: reports
-   how many match exactly); then W2 qwen3-0.6b decode tok/s with graphs and with enforce_eager.
+3. --engine (scripts/gpu_check_engine.py; instead of 1 and 2): greedy tokens of the demo model (bf16,
+   triton backend) with CUDA graphs against enforce_eager, the first 32 tokens of 16 prompts (bf16 can flip
+   near-ties: reports how many match exactly); then W2 qwen3-0.6b decode tok/s with graphs and with
+   enforce_eager.
 Prints a table last; writes everything to $OUT/gpu_check.json when OUT is set.
 """
 from __future__ import annotations
@@ -299,51 +300,6 @@ def print_table(rows: list[dict[str, Any]], keys: list[str]) -> None:
         print(" | ".join(fmt(row.get(k, "")) for k in keys))
 
 
-def graph_vs_eager(device: str) -> dict[str, Any]:
-    """The demo model's greedy tokens with decode graphs and eagerly (on CPU: EagerGraph stands in)."""
-    import torch
-
-    from lamina import DEMO_MODEL, LLM, SamplingParams
-    from lamina.bench.offline import release_memory
-    from lamina.bench.w6_cpu import PROMPTS
-    from lamina.graphs import EagerGraph
-    from lamina.worker.cuda_graphs import CudaGraphRunner
-    # the interpreter (CPU) is slow: 4 prompts x 6 tokens there
-    prompts = PROMPTS if device == "cuda" else PROMPTS[:4]
-    params = SamplingParams(temperature=0, max_tokens=32 if device == "cuda" else 6, ignore_eos=True)
-    tokens, used_graphs = {}, False
-    for eager in (True, False):
-        release_memory()
-        llm = LLM(model=DEMO_MODEL, dtype="bfloat16" if device == "cuda" else "float32", device=device,
-                  attention_backend="triton", enforce_eager=eager, max_num_seqs=32)
-        runner = llm.engine.executor.worker.runner
-        if device == "cpu" and not eager:
-            w = llm.engine.executor.worker
-            runner.graphs = CudaGraphRunner(w.model, 16, w.max_model_len, w.config.cache_config.block_size,
-                                            torch.device("cpu"), graph_cls=EagerGraph)
-            runner.graphs.capture_all()
-        used_graphs = used_graphs or runner.graphs is not None
-        tokens[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-        del llm, runner
-    same = sum(a == b for a, b in zip(tokens[True], tokens[False]))
-    prefix = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a)) for a, b in zip(*tokens.values())]
-    return dict(workload="demo greedy: graphs vs eager", exact_match=f"{same}/{len(prompts)}",
-                min_common_prefix=min(prefix), graphs_used=used_graphs, ok=used_graphs and same >= len(prompts) - 2)
-
-
-def engine_section(dry_run: bool) -> list[dict[str, Any]]:
-    from lamina.bench.offline import parse_args, run_w2, write_config
-    import tempfile
-    rows = [graph_vs_eager("cpu" if dry_run else "cuda")]
-    args = parse_args(["--workload", "w2", "--shape", "qwen3-0.6b"] + (["--dry-run"] if dry_run else []))
-    with tempfile.TemporaryDirectory() as tmp:
-        config = write_config(args.shape, tmp)
-        for eager in (False, True):
-            row = run_w2(config, args, enforce_eager=eager)
-            rows.append(dict(workload=f"W2 {args.shape} {'eager' if eager else 'graphs'}", ok=True, **row))
-    return rows
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="tiny checks under TRITON_INTERPRET=1 on CPU")
@@ -351,6 +307,7 @@ def main() -> int:
     parser.add_argument("--engine", action="store_true", help="only the engine section (CUDA graphs, W2)")
     args = parser.parse_args()
     if args.engine:
+        from gpu_check_engine import engine_main  # scripts/ is on sys.path when this file runs
         return engine_main(args.dry_run)
     if args.dry_run:
         import tests.kernels.conftest  # noqa: F401 - sets TRITON_INTERPRET=1 (+ interpreter fixes) first
@@ -382,24 +339,6 @@ def main() -> int:
         print_table(report["w5_decode"], ["workload", "lamina_us", "lamina_tbs", "ceiling_frac", "sdpa_tbs",
                                           "best_tbs", "best_config"])
     return 0 if all(c["ok"] for c in report["checks"]) else 1
-
-
-def engine_main(dry_run: bool) -> int:
-    if dry_run:
-        import tests.kernels.conftest  # noqa: F401 - TRITON_INTERPRET=1 (+ interpreter fixes) first
-    import torch
-    if not dry_run and not torch.cuda.is_available():
-        print("no CUDA device: use --engine --dry-run")
-        return 2
-    rows = engine_section(dry_run)
-    report = dict(torch=torch.__version__, device=torch.cuda.get_device_name() if not dry_run else "cpu", engine=rows)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "gpu_check_engine.json").write_text(json.dumps(report, indent=1))
-    print(f"\n{report['device']}, torch {report['torch']}")
-    print_table(rows, ["workload", "ok", "exact_match", "min_common_prefix", "graphs_used", "cuda_graphs",
-                       "decode_tok_per_s", "ceiling_frac", "startup_s", "startup_to_first_token_s",
-                       "kv_capacity_tokens"])
-    return 0 if all(r["ok"] for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -19,9 +19,9 @@ emit a token a step). With requests waiting, a row that ends early is replaced: 
 Each bucket (the rows of a step by powers of two, and whether every row is greedy) has a leading arm, and the other
 is probed for one window after `gap` windows of the leader. Greedy and sampled steps are measured apart: what
 drafts buy differs between them by more than the arms' margins (acceptance; FULL looks ahead only while every row
-is greedy, below). At batch 1 on an H200 n-gram ran at 2.0-2.3x greedy and 1.3-1.7x at T = 0.6, and without the
-policy at 0.93x on chat at T = 0.6 against the policy's 1.28x (docs/BENCHMARKS.md, forty-second session); one
-bucket for both relearnt its leaders at every change between them. The host's speed drifts by tens of percent
+is greedy, below). At batch 1 on a GPU n-gram's speed-up greedy and at T = 0.6 differ by a third or more, and so
+does which mode leads (docs/BENCHMARKS.md, forty-second session); one bucket for both relearnt its leaders at every
+change between them. The host's speed drifts by tens of percent
 over seconds (seen on the H200's host), so a probe is judged against its neighbours: its rate over the geometric
 mean rate of the leader's windows just before and just after it is one sample of speculation's advantage (log of
 spec rate over plain rate; over their arithmetic mean the log was biased against the probed arm, by -0.07 at the
@@ -58,14 +58,13 @@ SPEC leads first and in doubt: FULL needs FULL_MARGIN (5 %) over it to lead wher
 SPEC_MARGIN (2 %) at one row (`full_margin`: one row's window rate is all its request's speed, no tail to charge).
 The modes are compared only while speculation leads its bucket (after its first probe of plain): a probe of
 speculation runs in the leading mode, so that where plain leads no window probes twice over (at 128 rows FULL ran at
-0.45 of plain's rate, and its probes came inside speculation's). When plain takes the lead, the modes start over
+a fraction of plain's rate, and its probes came inside speculation's). When plain takes the lead, the modes start over
 with the policy leading (a FULL lead learnt on another workload would otherwise run every probe of speculation). A
 speculating window counts for speculation's rate only in the mode that leads, so that a probe of the other mode is
-not taken for it. Why FULL: the policy's bookkeeping and decisions cost host time every step, ~20-35 us of a
-0.25-0.5 ms batch-1 step on an H100's host, and there a verify step costs little more than a plain one, so drafting
-at every match pays: k fixed ran 15-25 % faster than the policy at batch 1 (docs/BENCHMARKS.md, thirty-fifth
-session). At 128-256 rows drafts without the policy lose (k fixed 0.77x there) and are only probed, if speculation
-leads there at all.
+not taken for it. Why FULL: the policy's bookkeeping and decisions cost host time every step, a tenth or so of a
+batch-1 step on a GPU's host, where a verify step costs little more than a plain one, so drafting at every match
+pays: k fixed ran faster than the policy at batch 1 (docs/BENCHMARKS.md, thirty-fifth session). At 128-256 rows
+drafts without the policy lose and are only probed, if speculation leads there at all.
 """
 from __future__ import annotations
 
@@ -85,9 +84,9 @@ RATE_DECAY = 0.7  # EMAs (the advantage, each arm's rate): this much of the old 
 SPEC_MARGIN = 0.02  # speculation leads only while faster than plain by this much: in doubt, the plain engine
 # drafting without the policy (FULL) leads the policy only while faster by this much where a bucket holds several
 # rows: a fixed batch's requests that draft finish first and leave a tail of slower steps that a window's rate did
-# not charge, and FULL drafts the most (at 128 rows, H100, it once led on a 3 % edge and ran the batch at 0.90x of
-# off, k fixed's ~0.8x regime). Draining windows are charged for it since (row_balance); the margin stays, not
-# measured without it. One row has no tail: there FULL needs SPEC_MARGIN only (full_margin)
+# not charge, and FULL drafts the most (at 128 rows it once led on a 3 % edge and lost to off: docs/speculative.md).
+# Draining windows are charged for it since (row_balance); the margin stays, not measured without it. One row has
+# no tail: there FULL needs SPEC_MARGIN only (full_margin)
 FULL_MARGIN = 0.05
 EXPLORE_BUDGET = 0.01  # probes of the slower arm cost at most this share of the throughput (up to MAX_GAP)
 MIN_PROBE_STEPS = 4  # a probe cut short by the leader's window time runs this many steps at least (its first is

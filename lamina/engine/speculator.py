@@ -28,8 +28,8 @@ ahead, below; `_looks_pay` says why not while one samples).
                                            early is most often still one a token later)
 
 A look's drafts would follow a token not yet read, so none is kept: it only says whether the next step waits. The
-step after a miss costs what off's does (launched ahead) where it cost a synchronous step (~0.07 ms more on an
-H100's host at batch 1, greedy), and a match that begins with the token in flight is drafted a step late.
+step after a miss costs what off's does (launched ahead) where it cost a synchronous step (docs/speculative.md has
+what that saves), and a match that begins with the token in flight is drafted a step late.
 """
 from __future__ import annotations
 
@@ -54,19 +54,18 @@ from lamina.step import DRAFT_ON_DEVICE, ModelRunnerOutput, SchedulerOutput
 MAX_REST = 32  # steps: the longest pause of the policy's decisions while speculation does not pay
 # n-gram pauses after a step without a match worth drafting (a step where drafts could pay), which is often followed
 # by one with a match (a repeat with a gap): for 1 or 2 steps, so a repeat goes unnoticed for at most 2 (a decision
-# at batch 1 costs one synchronous step, ~0.1 ms more than one launched ahead on the H200)
+# at batch 1 costs one synchronous step instead of one launched ahead)
 MATCH_MAX_REST = 2
 # ... unless deciding costs more: consecutive steps without a match worth drafting pause longer, up to as many steps
-# as keep the host time of the decisions that let nobody draft under this share of the steps' time (a decision for
-# 128 requests costs ~0.6 ms on the H200's host, a step of the demo model ~2.1 ms there: pauses of up to 2 made
-# the default 0.71x at batch 32 and 0.65x at 256, pauses for a 5 % share 0.85-0.89x at 32-256)
+# as keep the host time of the decisions that let nobody draft under this share of the steps' time (at 32-256 rows
+# of the demo model on the H200 a 5 % share, and pauses of up to 2 steps, lost to off: docs/BENCHMARKS.md, tenth
+# session)
 DECISION_BUDGET = 0.02
 HIT_DECAY = 0.9  # the hit rate (decisions that let some request draft) is an EMA over decisions with this decay
-# guesses (guess_ahead) pay while at least this share of them holds: on an H100 at batch 1 (demo model) a step
-# launched on a guess that held cost ~0.2 ms less than a verify step launched after its tokens, one whose guess
-# failed ~0.37 ms more (its launch, then the void step's device time): they break even at ~0.64 of them held.
-# Greedy requests whose guesses held 0.58-0.84 of the time gained nothing measurable, so a request guesses only
-# while its rate is well above that: after a failure it waits for a probe that holds
+# guesses (guess_ahead) pay while at least this share of them holds: a step launched on a guess that held saves less
+# than one whose guess failed costs (its launch, then the void step's device time), so they break even at about two
+# thirds held, and measured rates near that gained nothing (docs/speculative.md, "Steps launched on a guess"); a
+# request guesses only while its rate is well above that: after a failure it waits for a probe that holds
 GUESS_MIN_HELD = 0.75
 # the policy's step-cost curve is fitted again after this many observed steps, not after each: a fit cost ~25 us of
 # a batch-1 decision's ~80 on an H100's host, and a curve of medians over 16-step buckets moves slowly

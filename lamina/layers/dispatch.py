@@ -109,17 +109,16 @@ def qk_norm_rotary_ops(q: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm,
 
 
 # Rows up to which the GEMV runs instead of cuBLAS: at 2-4 rows (a verify step of k <= 3 drafts, batch 2-4
-# decodes) cuBLAS beat it on every Llama-3-8B shape on the H200, e.g. gate_up 70 vs 126 us at 4 rows, the LM head
-# 258 vs 536 us (docs/notes/2026-12-01-h200-gemv-rows.txt); at 1 row the GEMV wins on qkv and gate_up.
+# decodes) cuBLAS beat it on every Llama-3-8B shape on the H200 (docs/notes/2026-12-01-h200-gemv-rows.txt); at 1 row
+# the GEMV wins on qkv and gate_up.
 GEMV_MAX_ROWS = 1
 # ... except where the GEMV was measured faster at more rows of that weight's shape (lamina/layers/gemv_rows.py, at
 # warm-up), or, for a shape not measured, where rows x weight elements stay within GEMV_ROW_ELEMENTS (8M: 16 MB of
 # bf16 at one row). Each row of x is reduced against every weight tile, so the GEMV's time grows with M x N x K
 # while cuBLAS's stays flat at these rows; on small weights every kernel is a few microseconds of latency and
 # cuBLAS's, launched without PDL, end the overlap of the kernels around them (a verify step of the demo model:
-# lamina.kernels.pdl). H200, bf16 (python -m lamina.bench.gemv_sweep --rows 2,4,8; docs/kernels.md): GEMV over
-# cuBLAS on Qwen3-0.6B's o_proj (2M elements) 3.41 / 1.80 / 0.87x at 2 / 4 / 8 rows, qkv (4M) 0.99 / 0.72 / 0.45x,
-# down (3M) 1.41 / 1.02 / 0.57x.
+# lamina.kernels.pdl). The sweep behind the 8M: python -m lamina.bench.gemv_sweep --rows 2,4,8 on the H200
+# (docs/kernels.md).
 GEMV_ROW_ELEMENTS = 1 << 23
 
 
@@ -154,8 +153,8 @@ def gemv_max_rows(weight: torch.Tensor, most: int) -> int:
 
 
 # Rows up to which a float32 CPU matmul x @ W.T may run as (W @ x.T).T (weight_major_for): where that is faster
-# depends on the CPU (2.5x faster at 1-8 rows on a 2-core EPYC, 4x slower at one row on a 2-core Xeon), so it is
-# measured per weight shape (lamina/layers/cpu_matmul.py); from 12 rows on the two were within noise on the EPYC.
+# depends on the CPU (faster on one 2-core machine, slower on another: docs/BENCHMARKS.md), so it is measured per
+# weight shape (lamina/layers/cpu_matmul.py); from 12 rows on the two were within noise.
 CPU_WEIGHT_MAJOR_MAX_ROWS = 8
 
 

@@ -4,9 +4,9 @@
         lamina.kernels.gemv    reduces each row of x against every weight tile: its time grows with M x N x K
         cuBLAS (F.linear)      its time stays flat at these rows, but its kernel choice per shape varies
 
-Which wins is not a function of the element count: on an H100 the demo model's LM head (8192 x 384, 3.1M
-elements) ran 0.84x of cuBLAS on the GEMV at 2 rows, on an H200 Qwen3-0.6B's down projection (1024 x 3072, as
-many elements) 1.41x (docs/BENCHMARKS.md, forty-second and forty-third sessions). So the warm-up times both at 2, 4
+Which wins is not a function of the element count: of two weights of ~3M elements (the demo model's LM head,
+Qwen3-0.6B's down projection) the GEMV lost on one and won on the other at 2 rows (docs/BENCHMARKS.md, forty-second
+and forty-third sessions). So the warm-up times both at 2, 4
 and 8 rows (ROW_BUCKETS; 3 rows take 4's answer, 5-8 take 8's) for each weight shape of the model and keeps the one
 faster by MARGIN; a tie, or a shape not measured, keeps dispatch's rule by element count.
 
