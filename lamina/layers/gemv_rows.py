@@ -6,9 +6,9 @@
 
 Which wins is not a function of the element count: of two weights of ~3M elements (the demo model's LM head,
 Qwen3-0.6B's down projection) the GEMV lost on one and won on the other at 2 rows (docs/BENCHMARKS.md, forty-second
-and forty-third sessions). So the warm-up times both at 2, 4
-and 8 rows (ROW_BUCKETS; 3 rows take 4's answer, 5-8 take 8's) for each weight shape of the model and keeps the one
-faster by MARGIN; a tie, or a shape not measured, keeps dispatch's rule by element count.
+and forty-third sessions). So the warm-up times both at 2, 4 and 8 rows (ROW_BUCKETS; 3 rows take 4's answer, 5-8
+take 8's) for each weight shape of the model and keeps the one faster by MARGIN; a tie, or a shape not measured,
+keeps dispatch's rule by element count.
 
 Each kernel is timed as a step runs it: CALLS calls captured in one CUDA graph, the graph replayed REPLAYS times
 between two events, ROUNDS such bursts of each kernel interleaved. Timed eagerly, every GEMV call would pay
