@@ -66,9 +66,9 @@
 #         spec-b1-plain  scripts/profile_spec.py on the default draft model and n-gram at batch 1: step times by kind
 #         spec-host      scripts/profile_spec.py on the draft model's k = 3 chain at batch 1: step times, cProfile by own
 #                        and by cumulative time, the device's timeline (where a verify step's host time goes)
-#         bars           the open issues' bars of record in one call: lamina.bench.spec at batch 1 on the prompt sets
-#                        (off, control, n-gram, the draft model, EAGLE; 3 repeats), then at 8, 32 and 128 rows (5
-#                        repeats; never slower), then lamina.bench.quant_speed --skip-kernels (issue #13's decode bars)
+#         bars           the open issues' bars of record in one call: lamina.bench.quant_speed --skip-kernels (issue
+#                        #13's decode bars), then lamina.bench.spec at batch 1 on the prompt sets (off, control, n-gram,
+#                        the draft model, EAGLE; 3 repeats), then at 8, 32 and 128 rows (5 repeats; never slower)
 #         spec-plain-prof  scripts/profile_spec.py on the draft model and EAGLE held plain at batch 1: step times by kind
 #                        (no profiler), then device time by kernel (torch.profiler), each against off
 #         spec-trace     scripts/trace_spec_policy.py on the default draft model, code and chat prompts at batch 1 (each
@@ -236,14 +236,14 @@ for step in "$@"; do
             plain="timeout 200 env PYTHONPATH=. python scripts/profile_spec.py --methods draft_model-plain,eagle-plain"
             run spec-plain-none $plain --new-tokens 512 --profiler none
             run spec-plain-torch $plain --new-tokens 256 --profiler torch --top 30 ;;
-        bars)
+        bars)  # the shortest first; the three together stay under one call's 600 s
+            run bars-quant timeout 150 python -m lamina.bench.quant_speed --skip-kernels
             run bars-spec-b1 timeout 200 python -m lamina.bench.spec --methods control,ngram,draft_model,eagle \
                 --batch-sizes "" --concurrency "" --new-tokens 256 --repeats 3 --disable-tqdm \
                 --result-file "$OUT/bars-spec-b1.json"
-            run bars-spec-rows timeout 240 python -m lamina.bench.spec --methods control,ngram,draft_model \
+            run bars-spec-rows timeout 210 python -m lamina.bench.spec --methods control,ngram,draft_model \
                 --prompt-sets "" --batch-sizes 8,32,128 --concurrency "" --new-tokens 256 --repeats 5 --disable-tqdm \
-                --result-file "$OUT/bars-spec-rows.json"
-            run bars-quant timeout 150 python -m lamina.bench.quant_speed --skip-kernels ;;
+                --result-file "$OUT/bars-spec-rows.json" ;;
         *) echo "unknown step: $step"; status=2 ;;
     esac
 done

@@ -190,18 +190,12 @@ def dequantize_weight(words: torch.Tensor, scale: torch.Tensor, zero_point: torc
     return out
 
 
-USE_GEMM_KERNEL = False  # H200 run 1: the GEMM kernel 20-40x cuBLAS's bf16 time (M = 16 .. 2048); see below
-
-
 def wna16_matmul(x: torch.Tensor, words: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None,
                  bias: torch.Tensor | None, num_bits: int, group_size: int | None, xor: int = 0) -> torch.Tensor:
-    """More rows than the GEMV takes: dequantize the weight to a temporary in x's dtype (a Triton kernel, one
-    write of N x K) and multiply with cuBLAS, or the GEMM kernel when USE_GEMM_KERNEL. Measured on the H200
-    (benchmarks/results/2026-12-01-h200-quant-speed-run1.json), the GEMM kernel took 355 us on qkv at M = 16
-    (cuBLAS bf16: 19 us) and 5089 us at M = 2048 (133 us): too few programs at small M, per-element word loads
-    and conversions at large M. Until it is tuned, the dequantize pass + cuBLAS is the path."""
-    if USE_GEMM_KERNEL:
-        return wna16_gemm(x, words, scale, zero_point, bias, num_bits, group_size, xor)
+    """More rows than the GEMVs take: dequantize the weight to a temporary in x's dtype (a Triton kernel, one
+    write of N x K) and multiply with cuBLAS. `wna16_gemm` above does it in one kernel but was far slower than
+    this at every M measured on the H200 (too few programs at small M, per-element word loads and conversions at
+    large M; docs/quantization.md), so the engine does not call it until it is tuned."""
     check_inputs(x, words, scale, zero_point, bias, num_bits)
     weight = dequantize_weight(words, scale, zero_point, x.shape[1], num_bits, group_size, xor)
     return torch.nn.functional.linear(x, weight, bias)

@@ -215,9 +215,8 @@ def exponential_noise(like: torch.Tensor, generators: dict[int, torch.Generator]
                       default: torch.Generator | None) -> torch.Tensor:
     """Exp(1) draws of `like`'s shape, dtype and device as -log(1 - U), U ~ U[0, 1): row i's uniforms from
     generators[i] if present, else from `default`: one uniform fill per generator, then one vectorised transform.
-    The law of Tensor.exponential_ in a quarter of its time on the CPU (torch 2.13, 2 cores, 128 x 8,192 values:
-    4.9 against 23.1 ms from one generator, 5.9 against 22.5 from 128; a demo-model decode step of 128 rows
-    takes ~90 ms there)."""
+    The law of Tensor.exponential_ in about a quarter of its time on the CPU (docs/BENCHMARKS.md, twenty-second
+    session)."""
     u = torch.empty_like(like)
     if len(generators) < like.shape[0]:
         torch.rand(u.shape, generator=default, out=u)

@@ -79,27 +79,15 @@ def kernel_for(x: torch.Tensor, layer: nn.Module, args: WeightQuantArgs) -> Kern
 
 
 _NAIVE_INT8_XOR = -0x7F7F7F80  # lamina.kernels.wna16_gemv.NAIVE_INT8_XOR, without importing triton
-# Rows up to which wna16_row runs rather than wna16_mma (H200, Llama-3-8B: 32 layers of qkv, o_proj, gate_up,
-# down, and the LM head). One row, bf16: wna16_row, int4 g128 32 * (8.3 + 7.0 + 23.6 + 15.3) + 90.5 us = 1.83 ms,
-# int8 per channel 2.42 ms (its default config, n4-w1-kw128: benchmarks/results/2026-12-02-h200-gemv-variants.json),
-# against wna16_gemv's 2.93 / 3.75 ms in the same run and the MMA kernel's 4.20 / 6.08 at any of 1..16 rows (with
-# split K, 2026-12-02-h200-wna16-mma-sweep-split-k.json). With each word unpacked once for up to 4 rows, a whole
-# decode step (scripts/profile_decode.py, CUDA graphs, ms; 2026-12-04-h200-s21-wna16-rows-summary.txt) at 2 / 4
-# rows: int8 2.90 / 4.06 against the MMA kernel's 6.58 / 6.62, int4 2.62 / 3.67 against 4.72 / 4.76, bf16
-# 4.58 / 4.67. Dequantize + cuBLAS at 16 rows: 1.7-9.4x the MMA kernel's time per shape.
+# Rows up to which wna16_row runs rather than wna16_mma: it unpacks each word once for up to 4 rows. On the H200's
+# Llama-3-8B shapes its GEMVs took less time than wna16_gemv's at one row, and a whole decode step less than with
+# wna16_mma at 2 and 4 rows (docs/kernels.md, "W4A16 / W8A16 GEMV of 1-4 rows").
 GEMV_ROWS = 4
 # The tensor-core GEMV lamina.kernels.wna16_tc, where it takes the operands (up to 16 rows): its time hardly grows
 # with the rows of x (up to 8; a second MMA chain for 9..16), where wna16_row's does. int4: from 2 rows on, and at
-# one row for weights of at least TC_ONE_ROW_MIN_N rows (the LM head); int8: from TC_INT8_MIN_ROWS rows on. H200,
-# Llama-3-8B shapes, int4 g128 / int8 per channel, us, wna16_tc / wna16_row
-# (benchmarks/results/2026-12-04-h200-s23-tc-variants-*.json): int4 at 1 row qkv 11.1 / 7.6, gate_up 24.4 / 23.9,
-# down 18.8 / 15.2, LM head 79.0 / 92.3; at 4 rows qkv 11.1 / 12.1, gate_up 24.1 / 45.7, down 18.0 / 28.2, LM head
-# 92.9 / 186.6; int8 at 2 rows qkv 14.4 / 11.4, gate_up 38.4 / 35.1, LM head 137.7 / 131.9 (at 1 row the LM head
-# 134.1 / 119.8). A decode step (scripts/profile_decode.py, ms, this choice against wna16_row / wna16_mma alone;
-# ...-s23-tc-int8-profile-decode-ab.json): int4 at batch 1 / 2 / 4 / 8 2.10 / 2.31 / 2.45 / 2.84 against 2.11 /
-# 2.61 / 3.66 / 4.85; int8 with wna16_tc from 2 rows 3.37 / 3.54 / 3.79 at 2 / 4 / 8 against 2.88 / 4.05 / 6.69;
-# at 16 rows (against wna16_mma; ...-s23-tc16-profile-decode-ab.json) int4 4.01 against 5.02, int8 4.80 against
-# 6.85 (bf16 4.89).
+# one row for weights of at least TC_ONE_ROW_MIN_N rows (the LM head, where wna16_row is issue-bound); int8: from
+# TC_INT8_MIN_ROWS rows on. The crossovers and the decode steps they were read from: docs/kernels.md, "W4A16 /
+# W8A16 GEMV on the tensor cores".
 TC_ONE_ROW_MIN_N = 65536
 TC_INT8_MIN_ROWS = 4
 

@@ -14,7 +14,6 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from lamina.kernels import wna16_gemm as gemm_module  # noqa: E402
 from lamina.kernels.wna16_gemm import WNA16GemmConfig, dequantize_weight, wna16_gemm, wna16_matmul  # noqa: E402
 from lamina.kernels.wna16_gemv import (  # noqa: E402
     CANDIDATE_CONFIGS,
@@ -138,25 +137,15 @@ def test_gemm_group_not_a_multiple_of_block_k(bits: int) -> None:
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=_ids)
 def test_dequantize_weight_is_the_reference_weight(variant: tuple) -> None:
-    """The dequantize pass (K = 200: masked tails) equals the reference's weight exactly; wna16_matmul's two
-    paths (dequantize + matmul, the GEMM kernel) both match the reference."""
+    """The dequantize pass (K = 200: masked tails) equals the reference's weight exactly; wna16_matmul
+    (dequantize + matmul) and the GEMM kernel both match the reference."""
     bits, gs, sym = variant
     o = make_operands(bits, gs and 40, sym, m=6, n=N, k=200, seed=21)
     words = pack_int32(o["q"], bits)
     torch.testing.assert_close(dequantize_weight(words, o["scale"], o["zero"], 200, bits, o["group_size"]),
                                dequantize(o["q"], o["scale"], o["zero"]), atol=0, rtol=0)
-    assert_matches(wna16_matmul(o["x"], words, o["scale"], o["zero"], o["bias"], bits, o["group_size"]),
-                   reference(o))
-
-
-def test_matmul_can_take_the_gemm_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    o = make_operands(4, 32, False, m=6, n=N, k=128, seed=22)
-    monkeypatch.setattr(gemm_module, "USE_GEMM_KERNEL", True)
-    calls = []
-    monkeypatch.setattr(gemm_module, "wna16_gemm", lambda *a, **kw: calls.append(1) or wna16_gemm(*a, **kw))
-    out = wna16_matmul(o["x"], pack_int32(o["q"], 4), o["scale"], o["zero"], o["bias"], 4, 32)
-    assert calls == [1]
-    assert_matches(out, reference(o))
+    for matmul in (wna16_matmul, wna16_gemm):
+        assert_matches(matmul(o["x"], words, o["scale"], o["zero"], o["bias"], bits, o["group_size"]), reference(o))
 
 
 def test_naive_int8_layout() -> None:
