@@ -33,9 +33,7 @@ what that saves), and a match that begins with the token in flight is drafted a 
 """
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -44,6 +42,7 @@ from lamina.config import EngineConfig, SpeculativeConfig
 from lamina.engine.drafts import SpecDecodeStats, TokenArrays, Verdict, max_drafts, propose_drafts
 from lamina.engine.request import Request
 from lamina.engine.spec_gate import Arm, SpecGate
+from lamina.engine.spec_pacing import GuessRate, Rest
 from lamina.engine.spec_policy import SpecPolicy
 from lamina.engine.step_cost import StepCostModel
 from lamina.spec.ngram import NgramProposer
@@ -51,95 +50,10 @@ from lamina.spec.proposer import draft_tree, make_proposer
 from lamina.step import DRAFT_ON_DEVICE, ModelRunnerOutput, SchedulerOutput
 
 
-MAX_REST = 32  # steps: the longest pause of the policy's decisions while speculation does not pay
-# n-gram pauses after a step without a match worth drafting (a step where drafts could pay), which is often followed
-# by one with a match (a repeat with a gap): for 1 or 2 steps, so a repeat goes unnoticed for at most 2 (a decision
-# at batch 1 costs one synchronous step instead of one launched ahead)
-MATCH_MAX_REST = 2
-# ... unless deciding costs more: consecutive steps without a match worth drafting pause longer, up to as many steps
-# as keep the host time of the decisions that let nobody draft under this share of the steps' time (at 32-256 rows
-# of the demo model on the H200 a 5 % share, and pauses of up to 2 steps, lost to off: docs/BENCHMARKS.md, tenth
-# session)
-DECISION_BUDGET = 0.02
-HIT_DECAY = 0.9  # the hit rate (decisions that let some request draft) is an EMA over decisions with this decay
-# guesses (guess_ahead) pay while at least this share of them holds: a step launched on a guess that held saves less
-# than one whose guess failed costs (its launch, then the void step's device time), so they break even at about two
-# thirds held, and measured rates near that gained nothing (docs/speculative.md, "Steps launched on a guess"); a
-# request guesses only while its rate is well above that: after a failure it waits for a probe that holds
-GUESS_MIN_HELD = 0.75
 # the policy's step-cost curve is fitted again after this many observed steps, not after each: a fit cost ~25 us of
 # a batch-1 decision's ~80 on an H100's host, and a curve of medians over 16-step buckets moves slowly
 COST_REFIT_EVERY = 8
 DECISION_MEMO_STEPS = 32  # ... and its n-gram answers for a few requests are kept this many steps (SpecPolicy)
-GUESS_DECAY = 0.7  # a request's guess rate is an EMA over its guesses with this decay (a failure pauses it)
-
-
-@dataclass
-class GuessRate:
-    """How often one request's guesses held (an EMA; it starts at 1: a request guesses until they fail). Below
-    GUESS_MIN_HELD it makes none, but for one in `every` chances (a probe), `every` doubling up to MAX_REST while
-    the rate stays low. How often guesses hold depends on the text, so each request has its own."""
-
-    held: float = 1.0
-    every: int = 1
-    skipped: int = 0
-
-    def wants(self) -> bool:
-        if self.held >= GUESS_MIN_HELD:
-            return True
-        self.skipped += 1
-        if self.skipped < self.every:
-            return False
-        self.skipped = 0
-        return True
-
-    def observe(self, held: bool) -> None:
-        self.held = GUESS_DECAY * self.held + (1 - GUESS_DECAY) * held
-        self.every = 1 if self.held >= GUESS_MIN_HELD else min(2 * self.every, MAX_REST)
-
-
-@dataclass
-class Rest:
-    """After a step for which the policy let nobody draft, the next 1, 2, 4, ... MAX_REST steps make no decision
-    at all (no proposal, no policy work) and may be launched ahead (async scheduling), so that speculation which
-    does not pay costs next to nothing; a step with drafts resets the pause to 1. A worker-side proposer's step
-    counts as drafting when the policy allowed drafts, whether the proposer found any or not. n-gram's step
-    without a match worth drafting (Verdict.NOTHING_FOUND) pauses for at most MATCH_MAX_REST steps (pauses of up
-    to 8 there: adaptive n-gram verified on 238 steps where k fixed verified on 374, H200, k = 7), or longer where
-    decisions that find nothing cost a large share of the steps:
-
-        a decision of `decision_share` of a step (its host time over the step's) finds drafts with probability h
-        (hit_rate); one decision per pause of L steps wastes decision_share * (1 - h) / (L + 1) of the time,
-        so L = ceil(decision_share * (1 - h) / DECISION_BUDGET) - 1 keeps that under DECISION_BUDGET."""
-
-    left: int = 0
-    length: int = 1
-    hit_rate: float = 0.5
-
-    def resting(self) -> bool:
-        if self.left:
-            self.left -= 1
-            return True
-        return False
-
-    def decided(self, verdict: Verdict, decision_share: float = 0.0) -> None:
-        self.hit_rate = HIT_DECAY * self.hit_rate + (1 - HIT_DECAY) * (verdict is Verdict.DRAFTING)
-        if verdict is Verdict.DRAFTING:
-            self.length = 1
-        elif verdict is Verdict.NOTHING_FOUND:
-            longest = self._longest(decision_share, self.hit_rate)
-            self.left, self.length = min(self.length, longest), min(2 * self.length, longest)
-        else:
-            self.left, self.length = self.length, min(2 * self.length, MAX_REST)
-
-    def if_nothing_drafted(self, decision_share: float) -> int:
-        """The pause that a decision letting nobody draft (though drafts could pay) would start: the steps the
-        next decision is put off by, which the policy weighs (SpecPolicy.draft_limits's decline_pause)."""
-        return min(self.length, self._longest(decision_share, HIT_DECAY * self.hit_rate))
-
-    def _longest(self, decision_share: float, hit_rate: float) -> int:
-        wasted = decision_share * (1 - hit_rate)
-        return min(MAX_REST, max(MATCH_MAX_REST, math.ceil(wasted / DECISION_BUDGET) - 1))
 
 
 class Speculator:

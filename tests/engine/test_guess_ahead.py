@@ -11,7 +11,8 @@ from lamina import DEMO_MODEL, LLM, SamplingParams
 from lamina.config import EngineConfig, ModelConfig, SpeculativeConfig
 from lamina.engine.drafts import SpecDecodeStats
 from lamina.engine.request import Request
-from lamina.engine.speculator import GUESS_MIN_HELD, MAX_REST, GuessRate, Speculator
+from lamina.engine.spec_pacing import GUESS_MIN_HELD, MAX_REST, GuessRate
+from lamina.engine.speculator import Speculator
 from lamina.step import SchedulerOutput
 from tests.helpers.tiny_models import make_tiny_model
 from tests.helpers.tiny_tokenizer import save_tiny_tokenizer
